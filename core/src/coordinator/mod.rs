@@ -1,0 +1,173 @@
+//! The coordinator: from a request's tokens and range to canonical slice
+//! keys. Pure computation; it never touches page memory.
+
+mod plan;
+mod range;
+
+use alloc::vec::Vec;
+use core::ops::Range;
+
+pub use plan::{BlockRef, SlicePlan};
+pub use range::canonical_blocks;
+
+use crate::error::{Error, Result, check_len};
+use crate::key::{BlockHash, ChainHasher, HashSecret, KeyScope};
+use crate::layout::KvLayout;
+
+/// What a runtime asks the coordinator about: a token sequence, who it
+/// belongs to, and which token range of it the caller wants to address.
+///
+/// ```
+/// use kvslice_core::{KeyScope, Request};
+///
+/// let tokens = [1u32, 2, 3, 4, 5];
+/// let req = Request::new(&tokens)
+///     .with_scope(KeyScope { salt: b"tenant-7", adapter: Some(3) })
+///     .with_range(0..4);
+/// assert_eq!(req.range, 0..4);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    /// Tenant salt and adapter.
+    pub scope: KeyScope<'a>,
+    /// The whole token sequence, from position 0.
+    pub tokens: &'a [u32],
+    /// Half-open token range to address; widened to block boundaries.
+    pub range: Range<usize>,
+    /// Optional extra key per block: entry `i` is mixed into block `i`
+    /// (for example the hash of an image whose placeholder tokens sit in
+    /// that block). May be shorter than the number of blocks.
+    pub block_extras: &'a [Option<u128>],
+}
+
+impl<'a> Request<'a> {
+    /// The whole of `tokens`, default scope, no extra keys.
+    pub fn new(tokens: &'a [u32]) -> Self {
+        Self {
+            scope: KeyScope::default(),
+            tokens,
+            range: 0..tokens.len(),
+            block_extras: &[],
+        }
+    }
+
+    /// Sets the tenant scope.
+    pub fn with_scope(mut self, scope: KeyScope<'a>) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Sets the addressed token range.
+    pub fn with_range(mut self, range: Range<usize>) -> Self {
+        self.range = range;
+        self
+    }
+
+    /// Sets per-block extra keys.
+    pub fn with_block_extras(mut self, extras: &'a [Option<u128>]) -> Self {
+        self.block_extras = extras;
+        self
+    }
+}
+
+/// Turns requests into canonical slice keys for one layout and secret.
+///
+/// ```
+/// use kvslice_core::{Coordinator, HashSecret, KvDtype, KvLayout, LayoutSpec, Request};
+///
+/// let layout = KvLayout::new(LayoutSpec::new(2, 4, 2, 8, 4, KvDtype::F16))?;
+/// let coord = Coordinator::new(layout, HashSecret::from_bytes([1; 16]));
+/// let system_prompt = [9u32, 8, 7, 6, 5, 4, 3, 2];
+/// let a: Vec<u32> = system_prompt.iter().copied().chain([100, 101]).collect();
+/// let b: Vec<u32> = system_prompt.iter().copied().chain([200]).collect();
+/// let pa = coord.plan(&Request::new(&a))?;
+/// let pb = coord.plan(&Request::new(&b))?;
+/// // Two full shared blocks get the same keys; the partial tails differ.
+/// assert_eq!(pa.blocks()[..2], pb.blocks()[..2]);
+/// assert_ne!(pa.blocks()[2].hash, pb.blocks()[2].hash);
+/// assert_eq!(pa.blocks()[2].valid_tokens, 2);
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    layout: KvLayout,
+    hasher: ChainHasher,
+}
+
+impl Coordinator {
+    /// A coordinator for `layout`, keyed by `secret`.
+    pub fn new(layout: KvLayout, secret: HashSecret) -> Self {
+        Self {
+            hasher: ChainHasher::new(&layout, secret),
+            layout,
+        }
+    }
+
+    /// The layout keys are made for.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// The chain root `h_{-1}` of `scope`.
+    pub fn root(&self, scope: &KeyScope<'_>) -> BlockHash {
+        self.hasher.root(scope)
+    }
+
+    /// The next link of a chain: block `index` holding `tokens`, after the
+    /// block (or root) `prev`. For sequences that grow one block at a time.
+    ///
+    /// Errors if `tokens` is empty or longer than a block.
+    pub fn next_block(
+        &self,
+        prev: BlockHash,
+        index: u32,
+        tokens: &[u32],
+        extra: Option<u128>,
+    ) -> Result<BlockRef> {
+        let bt = self.layout.block_tokens() as usize;
+        if tokens.is_empty() || tokens.len() > bt {
+            return Err(Error::ShapeMismatch {
+                what: "tokens in a block",
+                expected: bt as u64,
+                actual: tokens.len() as u64,
+            });
+        }
+        let full = tokens.len() == bt;
+        Ok(BlockRef {
+            hash: self.hasher.link(prev, index, tokens, extra, full),
+            index,
+            valid_tokens: tokens.len() as u32,
+        })
+    }
+
+    /// The block chain of the first `blocks` blocks of `tokens`.
+    fn chain(&self, req: &Request<'_>, blocks: u32) -> Result<Vec<BlockRef>> {
+        let bt = self.layout.block_tokens() as usize;
+        let mut out = Vec::with_capacity(blocks as usize);
+        let mut prev = self.root(&req.scope);
+        for (i, tokens) in req.tokens.chunks(bt).take(blocks as usize).enumerate() {
+            let extra = req.block_extras.get(i).copied().flatten();
+            let block = self.next_block(prev, i as u32, tokens, extra)?;
+            prev = block.hash;
+            out.push(block);
+        }
+        Ok(out)
+    }
+
+    /// Canonical plan for `req`: the blocks its range touches, with their
+    /// chained hashes and valid token counts.
+    ///
+    /// Errors for an empty, reversed or out-of-bounds range, and for more
+    /// block extras than the sequence has blocks.
+    pub fn plan(&self, req: &Request<'_>) -> Result<SlicePlan> {
+        let bt = self.layout.block_tokens();
+        let total_blocks = req.tokens.len().div_ceil(bt as usize);
+        if req.block_extras.len() > total_blocks {
+            check_len("block extras", total_blocks, req.block_extras.len())?;
+        }
+        let blocks = canonical_blocks(&req.range, req.tokens.len(), bt)?;
+        let mut chain = self.chain(req, blocks.end)?;
+        chain.drain(..blocks.start as usize);
+        Ok(SlicePlan::new(&self.layout, chain))
+    }
+}

@@ -1,0 +1,126 @@
+//! What an engine is asked to compute, and its validation.
+
+use crate::error::{Error, Result, check_index, check_len};
+use crate::layout::{HeadShard, KvLayout};
+use crate::page::{PageId, PageMemory};
+
+/// One sequence of a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqAttention<'a> {
+    /// Pages of the sequence for the batch's layer group and shard.
+    pub block_table: &'a [PageId],
+    /// Tokens of context, including the `q_len` new ones.
+    pub kv_len: usize,
+    /// New query tokens (1 for decode).
+    pub q_len: usize,
+}
+
+/// A layer's attention for several sequences on one head shard.
+///
+/// `queries` is `Σ q_len × shard q heads × head_dim`, sequences in order,
+/// token-major, then head.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionBatch<'a> {
+    /// Global layer index.
+    pub layer: u32,
+    /// Head shard whose query heads are computed.
+    pub shard: u32,
+    /// The sequences.
+    pub seqs: &'a [SeqAttention<'a>],
+    /// Query vectors.
+    pub queries: &'a [f32],
+    /// Softmax scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+impl<'a> AttentionBatch<'a> {
+    /// Bundles a batch.
+    pub fn new(
+        layer: u32,
+        shard: u32,
+        seqs: &'a [SeqAttention<'a>],
+        queries: &'a [f32],
+        scale: f32,
+    ) -> Self {
+        Self {
+            layer,
+            shard,
+            seqs,
+            queries,
+            scale,
+        }
+    }
+
+    /// Checks the batch against `memory` and the output length, and returns
+    /// the shape an engine needs. Every backend calls this before computing.
+    ///
+    /// Catches: layer or shard out of range, bad scale, `q_len` of zero or
+    /// beyond `kv_len`, a context longer than its block table, a page id
+    /// past the memory, non-finite queries, and query or output lengths that
+    /// do not match.
+    pub fn validate<M: PageMemory + ?Sized>(
+        &self,
+        memory: &M,
+        out_len: usize,
+    ) -> Result<BatchShape> {
+        let layout = *memory.layout();
+        let (_, layer_in_group) = layout.layer_group(self.layer)?;
+        let shard = layout.head_shard(self.shard)?;
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return Err(Error::InvalidValue("scale must be finite and positive"));
+        }
+        let bt = layout.block_tokens() as usize;
+        let mut q_tokens = 0usize;
+        for s in self.seqs {
+            if s.q_len == 0 || s.q_len > s.kv_len {
+                return Err(Error::OutOfRange {
+                    what: "q_len (must be 1..=kv_len)",
+                    index: s.q_len as u64,
+                    bound: s.kv_len as u64 + 1,
+                });
+            }
+            let blocks = s.kv_len.div_ceil(bt);
+            if blocks > s.block_table.len() {
+                return Err(Error::OutOfRange {
+                    what: "context length (longer than its block table)",
+                    index: s.kv_len as u64,
+                    bound: (s.block_table.len() * bt) as u64 + 1,
+                });
+            }
+            for p in &s.block_table[..blocks] {
+                check_index("page", p.0 as usize, memory.num_pages() as usize)?;
+            }
+            q_tokens = q_tokens
+                .checked_add(s.q_len)
+                .ok_or(Error::Overflow("query tokens"))?;
+        }
+        let row = shard.num_q_heads() as usize * layout.head_dim() as usize;
+        let elems = q_tokens
+            .checked_mul(row)
+            .ok_or(Error::Overflow("query elements"))?;
+        check_len("queries length", elems, self.queries.len())?;
+        check_len("output length", elems, out_len)?;
+        if self.queries.iter().any(|x| !x.is_finite()) {
+            return Err(Error::InvalidValue("non-finite query value"));
+        }
+        Ok(BatchShape {
+            layout,
+            shard,
+            layer_in_group,
+            q_tokens,
+        })
+    }
+}
+
+/// What [`AttentionBatch::validate`] derives for the engine.
+#[derive(Debug, Clone)]
+pub struct BatchShape {
+    /// The memory's layout.
+    pub layout: KvLayout,
+    /// The shard's heads.
+    pub shard: HeadShard,
+    /// The layer's index inside its page.
+    pub layer_in_group: u32,
+    /// Total query tokens in the batch.
+    pub q_tokens: usize,
+}

@@ -1,0 +1,140 @@
+//! The one error type every public entry point returns.
+
+use alloc::string::String;
+use core::fmt;
+
+/// Everything that can go wrong with kvslice input or state.
+///
+/// Each variant names the offending quantity so that a caller can tell a
+/// bad layout from a bad request without parsing strings. A call that
+/// returns an error has left every structure it was given as it was.
+///
+/// ```
+/// use kvslice_core::{Error, KvDtype, KvLayout, LayoutSpec};
+///
+/// let err = KvLayout::new(LayoutSpec::new(2, 6, 4, 64, 16, KvDtype::F16)).unwrap_err();
+/// assert!(matches!(err, Error::InvalidLayout(_)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The layout is not usable; the text says which rule it broke.
+    InvalidLayout(&'static str),
+    /// A size computed from the input does not fit in the integer type that
+    /// holds it.
+    Overflow(&'static str),
+    /// An index (layer, head, shard, position, page, block...) is outside
+    /// its valid range.
+    OutOfRange {
+        /// What was indexed.
+        what: &'static str,
+        /// The index given.
+        index: u64,
+        /// The exclusive upper bound it must stay under.
+        bound: u64,
+    },
+    /// A token range is empty or reversed.
+    InvalidRange {
+        /// Start of the range as given.
+        start: u64,
+        /// End of the range as given.
+        end: u64,
+    },
+    /// Two lengths that must agree do not.
+    ShapeMismatch {
+        /// What was measured.
+        what: &'static str,
+        /// The length the layout or the other arguments require.
+        expected: u64,
+        /// The length given.
+        actual: u64,
+    },
+    /// A value of the wrong element type was supplied.
+    DtypeMismatch {
+        /// What carries the wrong dtype.
+        what: &'static str,
+    },
+    /// A numeric argument is not finite or not in its domain.
+    InvalidValue(&'static str),
+    /// A fixed-capacity structure is full.
+    CapacityExhausted(&'static str),
+    /// A handle's generation no longer matches the page it names.
+    StaleHandle {
+        /// The page index.
+        page: u32,
+    },
+    /// A sequence id is not registered.
+    UnknownSequence(u64),
+    /// A sequence id is registered already.
+    DuplicateSequence(u64),
+    /// An accelerator, driver or shader failed; the text comes from it.
+    Device(String),
+    /// A trace line could not be parsed.
+    MalformedTrace {
+        /// 1-based line number.
+        line: u64,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidLayout(why) => write!(f, "invalid layout: {why}"),
+            Error::Overflow(what) => write!(f, "size overflow computing {what}"),
+            Error::OutOfRange { what, index, bound } => {
+                write!(f, "{what} {index} out of range (must be < {bound})")
+            }
+            Error::InvalidRange { start, end } => {
+                write!(f, "invalid token range {start}..{end}")
+            }
+            Error::ShapeMismatch {
+                what,
+                expected,
+                actual,
+            } => write!(f, "{what}: expected {expected}, got {actual}"),
+            Error::DtypeMismatch { what } => write!(f, "dtype mismatch: {what}"),
+            Error::InvalidValue(what) => write!(f, "invalid value: {what}"),
+            Error::CapacityExhausted(what) => write!(f, "capacity exhausted: {what}"),
+            Error::StaleHandle { page } => write!(f, "stale handle for page {page}"),
+            Error::UnknownSequence(id) => write!(f, "unknown sequence {id}"),
+            Error::DuplicateSequence(id) => write!(f, "sequence {id} already exists"),
+            Error::Device(why) => write!(f, "device error: {why}"),
+            Error::MalformedTrace { line, reason } => {
+                write!(f, "malformed trace line {line}: {reason}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for Error {}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// Checks `index < bound`, naming `what` in the error.
+pub(crate) fn check_index(what: &'static str, index: usize, bound: usize) -> Result<()> {
+    if index < bound {
+        Ok(())
+    } else {
+        Err(Error::OutOfRange {
+            what,
+            index: index as u64,
+            bound: bound as u64,
+        })
+    }
+}
+
+/// Checks that two lengths agree, naming `what` in the error.
+pub(crate) fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch {
+            what,
+            expected: expected as u64,
+            actual: actual as u64,
+        })
+    }
+}

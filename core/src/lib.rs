@@ -1,0 +1,49 @@
+//! kvslice-core: the `no_std` heart of kvslice.
+//!
+//! - [`layout`]: model and page geometry ([`KvLayout`]), validated once.
+//! - [`key`]: chained keyed 128-bit block hashes and [`SliceKey`]s.
+//! - [`coordinator`]: requests → canonical block plans and slice keys.
+//! - [`sequence`]: sequence id → block table, on the heap or fixed-size.
+//! - [`page`]: page memory and K/V row I/O.
+//! - [`engine`]: the [`AttentionEngine`] trait and the [`ReferenceEngine`].
+//!
+//! ```
+//! use kvslice_core::{Coordinator, HashSecret, KvDtype, KvLayout, LayoutSpec, Request};
+//!
+//! let layout = KvLayout::new(LayoutSpec::new(4, 8, 2, 64, 16, KvDtype::F16))?;
+//! let coord = Coordinator::new(layout, HashSecret::from_bytes(*b"deployment-key!!"));
+//! let tokens: Vec<u32> = (0..40).collect();
+//! let plan = coord.plan(&Request::new(&tokens))?;
+//! assert_eq!(plan.blocks().len(), 3); // 16 + 16 + a partial tail of 8
+//! assert_eq!(plan.full_blocks(), 2);
+//! # Ok::<(), kvslice_core::Error>(())
+//! ```
+
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+pub mod coordinator;
+pub mod engine;
+mod error;
+pub mod key;
+pub mod layout;
+pub mod page;
+pub mod sequence;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use coordinator::{BlockRef, Coordinator, Request, SlicePlan};
+pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, SeqAttention};
+pub use error::{Error, Result};
+pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
+pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
+pub use page::{KvWrite, PageBuf, PageId, PageMemory, PageMemoryMut, read_head_rows, write_kv};
+pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
+
+/// The README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

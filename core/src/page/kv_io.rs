@@ -1,0 +1,142 @@
+//! Reading and writing token rows of K/V in pages, with dtype conversion.
+
+use super::{PageId, PageMemory, PageMemoryMut};
+use crate::error::{Error, Result, check_index, check_len};
+use crate::layout::KvPart;
+
+/// Decodes the first `tokens` rows of one head's K or V matrix in `page`
+/// into `out` (`tokens × head_dim` f32 values).
+///
+/// ```
+/// use kvslice_core::{KvDtype, KvLayout, KvPart, LayoutSpec, PageBuf, PageId, read_head_rows};
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F16))?;
+/// let pages = PageBuf::new(layout, 1)?;
+/// let mut rows = [1.0f32; 6];
+/// read_head_rows(&pages, PageId(0), KvPart::V, 0, 0, &mut rows)?;
+/// assert_eq!(rows, [0.0; 6]);
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub fn read_head_rows<M: PageMemory + ?Sized>(
+    memory: &M,
+    page: PageId,
+    part: KvPart,
+    layer_in_group: u32,
+    head_in_shard: u32,
+    out: &mut [f32],
+) -> Result<()> {
+    let layout = memory.layout();
+    let hd = layout.head_dim() as usize;
+    let region = layout.head_region(part, layer_in_group, head_in_shard)?;
+    if !out.len().is_multiple_of(hd) || out.len() > region.len() {
+        return Err(Error::ShapeMismatch {
+            what: "rows to read (elements, whole rows of one block)",
+            expected: region.len() as u64,
+            actual: out.len() as u64,
+        });
+    }
+    let es = layout.dtype().size_bytes();
+    let bytes = memory.page(page)?;
+    let start = region.start * es;
+    layout
+        .dtype()
+        .decode_row(&bytes[start..start + out.len() * es], out)
+}
+
+/// New K/V tokens for one layer and head shard, to be stored at positions
+/// `start..start + n` of a sequence whose pages are `block_table`.
+///
+/// `k` and `v` are `n × shard_kv_heads × head_dim` f32 values, token-major.
+#[derive(Debug, Clone, Copy)]
+pub struct KvWrite<'a> {
+    /// Global layer index.
+    pub layer: u32,
+    /// Head shard the values belong to.
+    pub shard: u32,
+    /// Pages of the sequence for this layer's group and this shard.
+    pub block_table: &'a [PageId],
+    /// Position of the first new token.
+    pub start: usize,
+    /// Keys of the new tokens.
+    pub k: &'a [f32],
+    /// Values of the new tokens.
+    pub v: &'a [f32],
+}
+
+/// Stores `w`'s tokens into pages, rounding to the layout's dtype.
+///
+/// Everything is checked before the first byte is written, so an error
+/// leaves memory untouched.
+///
+/// ```
+/// use kvslice_core::{KvDtype, KvLayout, KvPart, KvWrite, LayoutSpec, PageBuf, PageId, read_head_rows, write_kv};
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 2, KvDtype::F32))?;
+/// let mut pages = PageBuf::new(layout, 2)?;
+/// let table = [PageId(1), PageId(0)];
+/// // Three tokens: two fill page 1, the third lands in page 0.
+/// let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+/// write_kv(&mut pages, &KvWrite { layer: 0, shard: 0, block_table: &table, start: 0, k: &k, v: &k })?;
+/// let mut row = [0.0f32; 2];
+/// read_head_rows(&pages, PageId(0), KvPart::K, 0, 0, &mut row)?;
+/// assert_eq!(row, [5.0, 6.0]);
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub fn write_kv<M: PageMemoryMut + ?Sized>(memory: &mut M, w: &KvWrite<'_>) -> Result<()> {
+    let layout = *memory.layout();
+    let (_, layer_in_group) = layout.layer_group(w.layer)?;
+    let shard = layout.head_shard(w.shard)?;
+    let heads = shard.num_kv_heads() as usize;
+    let hd = layout.head_dim() as usize;
+    let bt = layout.block_tokens() as usize;
+    let row = heads * hd;
+    if !w.k.len().is_multiple_of(row) {
+        return Err(Error::ShapeMismatch {
+            what: "k length (a multiple of shard kv heads × head_dim)",
+            expected: (w.k.len() / row * row) as u64,
+            actual: w.k.len() as u64,
+        });
+    }
+    check_len("v length", w.k.len(), w.v.len())?;
+    let n = w.k.len() / row;
+    let end = w
+        .start
+        .checked_add(n)
+        .ok_or(Error::Overflow("token position"))?;
+    let capacity = w.block_table.len().saturating_mul(bt);
+    if end > capacity {
+        return Err(Error::OutOfRange {
+            what: "token position (past the block table)",
+            index: end as u64 - 1,
+            bound: capacity as u64,
+        });
+    }
+    if w.k.iter().chain(w.v).any(|x| !x.is_finite()) {
+        return Err(Error::InvalidValue("non-finite K/V value"));
+    }
+    let touched = if n == 0 {
+        0..0
+    } else {
+        w.start / bt..(end - 1) / bt + 1
+    };
+    for &page in &w.block_table[touched] {
+        check_index("page", page.0 as usize, memory.num_pages() as usize)?;
+    }
+
+    let dtype = layout.dtype();
+    let es = dtype.size_bytes();
+    for t in 0..n {
+        let pos = w.start + t;
+        let page = memory.page_mut(w.block_table[pos / bt])?;
+        let slot = pos % bt;
+        for h in 0..heads {
+            for (part, src) in [(KvPart::K, w.k), (KvPart::V, w.v)] {
+                let region = layout.head_region(part, layer_in_group, h as u32)?;
+                let at = (region.start + slot * hd) * es;
+                let values = &src[t * row + h * hd..t * row + (h + 1) * hd];
+                dtype.encode_row(values, &mut page[at..at + hd * es])?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,44 @@
+//! Page memory: where K/V bytes live, addressed by page id.
+//!
+//! The attention engines read and write pages through [`PageMemory`] and
+//! [`PageMemoryMut`]; the reference storage is [`PageBuf`], one allocation
+//! made at construction.
+
+mod buf;
+mod kv_io;
+
+pub use buf::PageBuf;
+pub use kv_io::{KvWrite, read_head_rows, write_kv};
+
+use crate::error::Result;
+use crate::layout::KvLayout;
+
+/// Index of a page in its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId(pub u32);
+
+/// Read access to page bytes.
+///
+/// ```
+/// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, PageMemory};
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 4, 2, KvDtype::F32))?;
+/// let pages = PageBuf::new(layout, 3)?;
+/// assert_eq!(pages.page(PageId(2))?.len(), layout.page_bytes());
+/// assert!(pages.page(PageId(3)).is_err());
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub trait PageMemory {
+    /// The layout every page follows.
+    fn layout(&self) -> &KvLayout;
+    /// Number of pages.
+    fn num_pages(&self) -> u32;
+    /// The bytes of page `id`; an error if it does not exist.
+    fn page(&self, id: PageId) -> Result<&[u8]>;
+}
+
+/// Write access to page bytes.
+pub trait PageMemoryMut: PageMemory {
+    /// The bytes of page `id`, writable; an error if it does not exist.
+    fn page_mut(&mut self, id: PageId) -> Result<&mut [u8]>;
+}

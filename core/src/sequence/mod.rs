@@ -1,0 +1,133 @@
+//! Sequence bookkeeping: sequence id → block table and token count.
+//!
+//! [`SequenceMap`] grows on the heap (hashbrown); [`FixedSequenceMap`] has
+//! its capacity in its type (heapless) for runtimes without an allocator.
+//! Both implement [`SequenceTable`] and behave identically.
+
+mod fixed;
+mod map;
+
+pub use fixed::FixedSequenceMap;
+pub use map::SequenceMap;
+
+use crate::error::Result;
+use crate::page::PageId;
+
+/// Identifies a sequence inside a runtime.
+pub type SeqId = u64;
+
+/// The operations both sequence tables share.
+///
+/// ```
+/// use kvslice_core::{PageId, SequenceMap, SequenceTable};
+///
+/// let mut seqs = SequenceMap::new(16);
+/// seqs.create(7)?;
+/// assert_eq!(seqs.blocks_needed(7, 20)?, 2);
+/// seqs.push_page(7, PageId(3))?;
+/// seqs.push_page(7, PageId(9))?;
+/// seqs.advance(7, 20)?;
+/// assert_eq!(seqs.block_table(7)?, &[PageId(3), PageId(9)]);
+/// let mut freed = Vec::new();
+/// seqs.remove(7, |p| freed.push(p))?;
+/// assert_eq!(freed, [PageId(3), PageId(9)]);
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub trait SequenceTable {
+    /// Tokens per page.
+    fn block_tokens(&self) -> u32;
+
+    /// Registers an empty sequence. Errors if `seq` exists or the table is
+    /// full.
+    fn create(&mut self, seq: SeqId) -> Result<()>;
+
+    /// Appends a page to `seq`'s block table.
+    fn push_page(&mut self, seq: SeqId, page: PageId) -> Result<()>;
+
+    /// Records `n` more tokens; errors (changing nothing) if they would not
+    /// fit in the pages the sequence holds.
+    fn advance(&mut self, seq: SeqId, n: usize) -> Result<()>;
+
+    /// Tokens stored for `seq`.
+    fn len(&self, seq: SeqId) -> Result<usize>;
+
+    /// `seq`'s pages, in order.
+    fn block_table(&self, seq: SeqId) -> Result<&[PageId]>;
+
+    /// Removes `seq`, handing each of its pages to `release`.
+    fn remove(&mut self, seq: SeqId, release: impl FnMut(PageId)) -> Result<()>;
+
+    /// Number of sequences registered.
+    fn num_sequences(&self) -> usize;
+
+    /// Pages `seq` must gain before `n` more tokens fit.
+    fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
+        let bt = self.block_tokens() as usize;
+        let have = self.block_table(seq)?.len();
+        let want = self.len(seq)?.saturating_add(n).div_ceil(bt);
+        Ok(want.saturating_sub(have))
+    }
+}
+
+/// The capacity check `advance` shares across implementations.
+fn check_advance(len: usize, n: usize, pages: usize, block_tokens: u32) -> Result<usize> {
+    let new_len = len
+        .checked_add(n)
+        .ok_or(crate::Error::Overflow("sequence length"))?;
+    let capacity = pages.saturating_mul(block_tokens as usize);
+    if new_len > capacity {
+        return Err(crate::Error::OutOfRange {
+            what: "sequence length (past its block table)",
+            index: new_len as u64,
+            bound: capacity as u64 + 1,
+        });
+    }
+    Ok(new_len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    fn exercise<T: SequenceTable>(t: &mut T) {
+        assert_eq!(t.block_tokens(), 4);
+        t.create(1).unwrap();
+        assert_eq!(t.create(1), Err(Error::DuplicateSequence(1)));
+        assert_eq!(t.push_page(2, PageId(0)), Err(Error::UnknownSequence(2)));
+        assert!(t.advance(1, 1).is_err(), "no pages yet");
+        t.push_page(1, PageId(5)).unwrap();
+        t.advance(1, 3).unwrap();
+        assert!(t.advance(1, 2).is_err());
+        assert_eq!(t.len(1).unwrap(), 3, "failed advance changed nothing");
+        assert_eq!(t.blocks_needed(1, 6).unwrap(), 2);
+        t.advance(1, 1).unwrap();
+        t.create(2).unwrap();
+        assert_eq!(t.num_sequences(), 2);
+        let mut freed = alloc::vec::Vec::new();
+        t.remove(1, |p| freed.push(p)).unwrap();
+        assert_eq!(freed, [PageId(5)]);
+        assert_eq!(t.len(1), Err(Error::UnknownSequence(1)));
+        assert_eq!(t.num_sequences(), 1);
+    }
+
+    #[test]
+    fn both_tables_behave_alike() {
+        exercise(&mut SequenceMap::new(4));
+        exercise(&mut FixedSequenceMap::<4, 2>::new(4));
+    }
+
+    #[test]
+    fn fixed_table_reports_capacity() {
+        let mut t = FixedSequenceMap::<2, 1>::new(4);
+        t.create(1).unwrap();
+        t.create(2).unwrap();
+        assert!(matches!(t.create(3), Err(Error::CapacityExhausted(_))));
+        t.push_page(1, PageId(0)).unwrap();
+        assert!(matches!(
+            t.push_page(1, PageId(1)),
+            Err(Error::CapacityExhausted(_))
+        ));
+        assert_eq!(t.block_table(1).unwrap(), &[PageId(0)]);
+    }
+}

@@ -1,0 +1,292 @@
+//! Shared test support (feature `testkit`): a small deterministic RNG,
+//! random paged scenarios, and a dense f64 attention oracle.
+//!
+//! Every backend's accuracy suite builds a [`Scenario`], runs its engine
+//! over it and compares with [`Scenario::naive_f64`], so all backends are
+//! held to the same oracle.
+//!
+//! ```
+//! use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+//! use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, ReferenceEngine};
+//!
+//! let layout = KvLayout::new(LayoutSpec::new(2, 4, 2, 8, 3, KvDtype::F32))?;
+//! let mut rng = Rng::new(1);
+//! let sc = Scenario::random(layout, &[(7, 1), (5, 5)], &mut rng)?;
+//! let q = sc.random_queries(0, &mut rng)?;
+//! let seqs = sc.seq_attention(1, 0)?;
+//! let mut out = vec![0.0; q.len()];
+//! ReferenceEngine.attend(&sc.pages, &AttentionBatch::new(1, 0, &seqs, &q, 0.5), &mut out)?;
+//! assert!(max_rel_err(&out, &sc.naive_f64(1, 0, &q, 0.5)?) < 1e-5);
+//! # Ok::<(), kvslice_core::Error>(())
+//! ```
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::engine::SeqAttention;
+use crate::error::Result;
+use crate::layout::KvLayout;
+use crate::page::{KvWrite, PageBuf, PageId, write_kv};
+
+/// SplitMix64: tiny, fast, good enough for test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+
+    /// Uniform in `[-1, 1)`.
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// `n` values uniform in `[-1, 1)`.
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
+
+    /// Fisher-Yates shuffle.
+    pub fn shuffle<T>(&mut self, xs: &mut [T]) {
+        for i in (1..xs.len()).rev() {
+            xs.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
+}
+
+/// One sequence of a scenario.
+#[derive(Debug, Clone)]
+pub struct ScenarioSeq {
+    /// Context tokens.
+    pub kv_len: usize,
+    /// Query tokens (the last `q_len` of the context).
+    pub q_len: usize,
+    /// Block table per (layer group, head shard), indexed
+    /// `group * shards + shard`.
+    pub tables: Vec<Vec<PageId>>,
+    /// K per layer and global kv head, `kv_len × head_dim`, already rounded
+    /// to the storage dtype.
+    pub k: Vec<Vec<Vec<f32>>>,
+    /// V, shaped like `k`.
+    pub v: Vec<Vec<Vec<f32>>>,
+}
+
+/// Random sequences written into shuffled pages of a [`PageBuf`], with a
+/// dense copy of everything written.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// The layout.
+    pub layout: KvLayout,
+    /// Page memory holding every sequence.
+    pub pages: PageBuf,
+    /// The sequences.
+    pub seqs: Vec<ScenarioSeq>,
+}
+
+impl Scenario {
+    /// Builds sequences of the given `(kv_len, q_len)`, every layer and shard
+    /// filled with values uniform in `[-1, 1)`, written with [`write_kv`] in
+    /// two appends (so writes that start mid-page are exercised).
+    pub fn random(layout: KvLayout, seqs: &[(usize, usize)], rng: &mut Rng) -> Result<Self> {
+        let bt = layout.block_tokens() as usize;
+        let hd = layout.head_dim() as usize;
+        let groups = layout.num_layer_groups() as usize;
+        let shards = layout.num_head_shards();
+        let tables_per_seq = groups * shards as usize;
+        let total_pages: usize = seqs
+            .iter()
+            .map(|(kv, _)| kv.div_ceil(bt) * tables_per_seq)
+            .sum();
+        let mut ids: Vec<PageId> = (0..total_pages as u32).map(PageId).collect();
+        rng.shuffle(&mut ids);
+        let mut pages = PageBuf::new(layout, total_pages as u32)?;
+        let mut free = ids.into_iter();
+
+        let mut out = Vec::with_capacity(seqs.len());
+        for &(kv_len, q_len) in seqs {
+            let blocks = kv_len.div_ceil(bt);
+            let tables: Vec<Vec<PageId>> = (0..tables_per_seq)
+                .map(|_| free.by_ref().take(blocks).collect())
+                .collect();
+            let kv_heads = layout.num_kv_heads() as usize;
+            let dense = |rng: &mut Rng| -> Vec<Vec<Vec<f32>>> {
+                (0..layout.num_layers())
+                    .map(|_| {
+                        (0..kv_heads)
+                            .map(|_| {
+                                rng.vec(kv_len * hd)
+                                    .into_iter()
+                                    .map(|x| layout.dtype().round_trip(x))
+                                    .collect()
+                            })
+                            .collect()
+                    })
+                    .collect()
+            };
+            let k = dense(rng);
+            let v = dense(rng);
+            let split = if kv_len > 1 {
+                rng.below(kv_len as u64) as usize
+            } else {
+                0
+            };
+            for layer in 0..layout.num_layers() {
+                let (group, _) = layout.layer_group(layer)?;
+                for s in 0..shards {
+                    let shard = layout.head_shard(s)?;
+                    let table = &tables[group as usize * shards as usize + s as usize];
+                    for chunk in [0..split, split..kv_len] {
+                        let gather = |src: &Vec<Vec<Vec<f32>>>| -> Vec<f32> {
+                            chunk
+                                .clone()
+                                .flat_map(|t| {
+                                    shard.kv_heads().flat_map(move |h| {
+                                        src[layer as usize][h as usize][t * hd..(t + 1) * hd]
+                                            .iter()
+                                            .copied()
+                                    })
+                                })
+                                .collect()
+                        };
+                        let (kc, vc) = (gather(&k), gather(&v));
+                        let w = KvWrite {
+                            layer,
+                            shard: s,
+                            block_table: table,
+                            start: chunk.start,
+                            k: &kc,
+                            v: &vc,
+                        };
+                        write_kv(&mut pages, &w)?;
+                    }
+                }
+            }
+            out.push(ScenarioSeq {
+                kv_len,
+                q_len,
+                tables,
+                k,
+                v,
+            });
+        }
+        Ok(Self {
+            layout,
+            pages,
+            seqs: out,
+        })
+    }
+
+    /// Random queries for every sequence on `shard`.
+    pub fn random_queries(&self, shard: u32, rng: &mut Rng) -> Result<Vec<f32>> {
+        let heads = self.layout.head_shard(shard)?.num_q_heads() as usize;
+        let tokens: usize = self.seqs.iter().map(|s| s.q_len).sum();
+        Ok(rng.vec(tokens * heads * self.layout.head_dim() as usize))
+    }
+
+    /// Per-sequence block tables for `layer` on `shard`.
+    pub fn seq_attention(&self, layer: u32, shard: u32) -> Result<Vec<SeqAttention<'_>>> {
+        let (group, _) = self.layout.layer_group(layer)?;
+        let shards = self.layout.num_head_shards();
+        crate::error::check_index("head shard", shard as usize, shards as usize)?;
+        Ok(self
+            .seqs
+            .iter()
+            .map(|s| SeqAttention {
+                block_table: &s.tables[(group * shards + shard) as usize],
+                kv_len: s.kv_len,
+                q_len: s.q_len,
+            })
+            .collect())
+    }
+
+    /// Dense, unpaged attention in f64 on the stored (rounded) K/V: the
+    /// oracle. Same shape as an engine's output.
+    pub fn naive_f64(
+        &self,
+        layer: u32,
+        shard: u32,
+        queries: &[f32],
+        scale: f32,
+    ) -> Result<Vec<f64>> {
+        let sh = self.layout.head_shard(shard)?;
+        let hd = self.layout.head_dim() as usize;
+        let ratio = self.layout.gqa_ratio() as usize;
+        let row = sh.num_q_heads() as usize * hd;
+        let mut out = vec![0f64; queries.len()];
+        let mut q_base = 0;
+        for s in &self.seqs {
+            for qh in 0..sh.num_q_heads() as usize {
+                let kv = sh.kv_heads().start as usize + qh / ratio;
+                let (k, v) = (&s.k[layer as usize][kv], &s.v[layer as usize][kv]);
+                for t in 0..s.q_len {
+                    let at = (q_base + t) * row + qh * hd;
+                    let q = &queries[at..at + hd];
+                    let visible = s.kv_len - s.q_len + t + 1;
+                    let scores: Vec<f64> = (0..visible)
+                        .map(|j| {
+                            scale as f64
+                                * q.iter()
+                                    .zip(&k[j * hd..(j + 1) * hd])
+                                    .map(|(a, b)| *a as f64 * *b as f64)
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| libm::exp(s - max)).collect();
+                    let denom: f64 = w.iter().sum();
+                    for d in 0..hd {
+                        out[at + d] = (0..visible)
+                            .map(|j| w[j] * v[j * hd + d] as f64)
+                            .sum::<f64>()
+                            / denom;
+                    }
+                }
+            }
+            q_base += s.q_len;
+        }
+        Ok(out)
+    }
+}
+
+/// Largest absolute difference over the largest magnitude of the oracle:
+/// relative error in the max norm. NaN anywhere in `got` gives infinity.
+pub fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "output lengths differ");
+    if got.iter().any(|x| x.is_nan()) {
+        return f64::INFINITY;
+    }
+    let scale = want
+        .iter()
+        .fold(0f64, |m, x| m.max(x.abs()))
+        .max(f64::MIN_POSITIVE);
+    got.iter()
+        .zip(want)
+        .fold(0f64, |m, (g, w)| m.max((*g as f64 - w).abs()))
+        / scale
+}
+
+/// Whether every element satisfies `|got - want| <= atol + rtol·|want|`
+/// (numpy's `allclose`); NaN never passes.
+pub fn all_close(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| (*g as f64 - w).abs() <= atol + rtol * w.abs())
+}

@@ -1,0 +1,310 @@
+//! The reference engine against dense, unpaged f64 attention, and its
+//! input checks.
+
+use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+use kvslice_core::{
+    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, KvWrite, LayerGrouping, LayoutSpec,
+    PageBuf, PageId, ReferenceEngine, SeqAttention,
+};
+
+/// (layers, q heads, kv heads, head_dim, grouping, shards)
+const SHAPES: [(u32, u32, u32, u32, LayerGrouping, u32); 5] = [
+    (1, 1, 1, 8, LayerGrouping::AllLayers, 1),
+    (2, 4, 4, 16, LayerGrouping::PerLayer, 1),
+    (3, 8, 2, 32, LayerGrouping::Groups(2), 1),
+    (2, 12, 4, 64, LayerGrouping::AllLayers, 3),
+    (1, 16, 2, 128, LayerGrouping::AllLayers, 2),
+];
+
+fn check(dtype: KvDtype, bt: u32, seqs: &[(usize, usize)], seed: u64) {
+    let mut rng = Rng::new(seed);
+    for &(layers, qh, kvh, hd, grouping, shards) in &SHAPES {
+        let layout = KvLayout::new(
+            LayoutSpec::new(layers, qh, kvh, hd, bt, dtype)
+                .with_grouping(grouping)
+                .with_head_shards(shards),
+        )
+        .unwrap();
+        let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        for layer in 0..layers {
+            for shard in 0..shards {
+                let q = sc.random_queries(shard, &mut rng).unwrap();
+                let table = sc.seq_attention(layer, shard).unwrap();
+                let mut out = vec![f32::NAN; q.len()];
+                ReferenceEngine
+                    .attend(
+                        &sc.pages,
+                        &AttentionBatch::new(layer, shard, &table, &q, scale),
+                        &mut out,
+                    )
+                    .unwrap();
+                let want = sc.naive_f64(layer, shard, &q, scale).unwrap();
+                let err = max_rel_err(&out, &want);
+                assert!(
+                    err <= 1e-5,
+                    "{dtype:?} bt={bt} shape={:?} layer={layer} shard={shard}: rel err {err:e}",
+                    (layers, qh, kvh, hd, grouping, shards)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_matches_naive_f64() {
+    for (i, bt) in [1u32, 16, 7].into_iter().enumerate() {
+        for (j, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
+            .into_iter()
+            .enumerate()
+        {
+            check(
+                dtype,
+                bt,
+                &[(1, 1), (33, 1), (16, 1), (70, 1)],
+                (i * 3 + j) as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn causal_prefill_matches_naive_f64() {
+    for (i, bt) in [1u32, 16, 7].into_iter().enumerate() {
+        for (j, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
+            .into_iter()
+            .enumerate()
+        {
+            // Full prefill, prefill after a cached prefix, and a mix with decode.
+            check(
+                dtype,
+                bt,
+                &[(20, 20), (45, 13), (9, 1), (17, 16)],
+                100 + (i * 3 + j) as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn mask_is_bottom_right_aligned() {
+    // One token of context per query step: query i of q_len must see keys
+    // 0..=kv_len-q_len+i, so the first query of a (kv 3, q 2) batch sees
+    // two keys, not one.
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 4, KvDtype::F32)).unwrap();
+    let mut pages = PageBuf::new(layout, 1).unwrap();
+    let table = [PageId(0)];
+    let w = KvWrite {
+        layer: 0,
+        shard: 0,
+        block_table: &table,
+        start: 0,
+        k: &[0.0, 0.0, 0.0],
+        v: &[1.0, 2.0, 6.0],
+    };
+    ReferenceEngine.write_kv(&mut pages, &w).unwrap();
+    let seqs = [SeqAttention {
+        block_table: &table,
+        kv_len: 3,
+        q_len: 2,
+    }];
+    let mut out = [0.0f32; 2];
+    ReferenceEngine
+        .attend(
+            &pages,
+            &AttentionBatch::new(0, 0, &seqs, &[1.0, 1.0], 1.0),
+            &mut out,
+        )
+        .unwrap();
+    assert_eq!(out, [1.5, 3.0]);
+}
+
+fn small() -> (PageBuf, [PageId; 2]) {
+    let layout = KvLayout::new(LayoutSpec::new(2, 4, 2, 4, 4, KvDtype::F16)).unwrap();
+    let mut pages = PageBuf::new(layout, 2).unwrap();
+    let table = [PageId(1), PageId(0)];
+    let mut rng = Rng::new(5);
+    let k = rng.vec(6 * 2 * 4);
+    let v = rng.vec(6 * 2 * 4);
+    let w = KvWrite {
+        layer: 1,
+        shard: 0,
+        block_table: &table,
+        start: 0,
+        k: &k,
+        v: &v,
+    };
+    ReferenceEngine.write_kv(&mut pages, &w).unwrap();
+    (pages, table)
+}
+
+#[test]
+fn bad_batches_are_typed_errors() {
+    let (pages, table) = small();
+    let q = vec![0.5f32; 4 * 4];
+    let mut out = vec![0f32; 16];
+    let run = |seqs: &[SeqAttention<'_>],
+               layer: u32,
+               shard: u32,
+               q: &[f32],
+               scale: f32,
+               out: &mut [f32]| {
+        ReferenceEngine.attend(
+            &pages,
+            &AttentionBatch::new(layer, shard, seqs, q, scale),
+            out,
+        )
+    };
+    let ok = [SeqAttention {
+        block_table: &table,
+        kv_len: 6,
+        q_len: 1,
+    }];
+    run(&ok, 1, 0, &q, 0.5, &mut out).unwrap();
+
+    let past_pool = [PageId(1), PageId(2)];
+    let cases: Vec<(Vec<SeqAttention<'_>>, u32, u32, f32)> = vec![
+        (
+            vec![SeqAttention {
+                block_table: &past_pool,
+                kv_len: 6,
+                q_len: 1,
+            }],
+            1,
+            0,
+            0.5,
+        ),
+        (
+            vec![SeqAttention {
+                block_table: &table,
+                kv_len: 9,
+                q_len: 1,
+            }],
+            1,
+            0,
+            0.5,
+        ),
+        (
+            vec![SeqAttention {
+                block_table: &table,
+                kv_len: 6,
+                q_len: 0,
+            }],
+            1,
+            0,
+            0.5,
+        ),
+        (
+            vec![SeqAttention {
+                block_table: &table,
+                kv_len: 3,
+                q_len: 4,
+            }],
+            1,
+            0,
+            0.5,
+        ),
+        (ok.to_vec(), 2, 0, 0.5),
+        (ok.to_vec(), 1, 1, 0.5),
+        (ok.to_vec(), 1, 0, f32::NAN),
+        (ok.to_vec(), 1, 0, -1.0),
+    ];
+    for (seqs, layer, shard, scale) in cases {
+        let err = run(&seqs, layer, shard, &q, scale, &mut out).unwrap_err();
+        assert!(
+            matches!(err, Error::OutOfRange { .. } | Error::InvalidValue(_)),
+            "{seqs:?} layer {layer} shard {shard}: {err:?}"
+        );
+    }
+    // Head-count mismatch: queries or output sized for the wrong heads.
+    assert!(matches!(
+        run(&ok, 1, 0, &q[..8], 0.5, &mut out),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        run(&ok, 1, 0, &q, 0.5, &mut out[..12]),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let mut nan_q = q.clone();
+    nan_q[3] = f32::NAN;
+    assert!(matches!(
+        run(&ok, 1, 0, &nan_q, 0.5, &mut out),
+        Err(Error::InvalidValue(_))
+    ));
+}
+
+#[test]
+fn failed_write_changes_nothing() {
+    let (mut pages, table) = small();
+    let before = pages.bytes().to_vec();
+    let k = vec![1.0f32; 3 * 2 * 4];
+    let bad = [
+        // Past the table: positions 6..9 need a third page.
+        KvWrite {
+            layer: 1,
+            shard: 0,
+            block_table: &table,
+            start: 6,
+            k: &k,
+            v: &k,
+        },
+        KvWrite {
+            layer: 2,
+            shard: 0,
+            block_table: &table,
+            start: 0,
+            k: &k,
+            v: &k,
+        },
+        KvWrite {
+            layer: 0,
+            shard: 1,
+            block_table: &table,
+            start: 0,
+            k: &k,
+            v: &k,
+        },
+        KvWrite {
+            layer: 0,
+            shard: 0,
+            block_table: &table,
+            start: 0,
+            k: &k[..7],
+            v: &k[..7],
+        },
+        KvWrite {
+            layer: 0,
+            shard: 0,
+            block_table: &table,
+            start: 0,
+            k: &k,
+            v: &k[..8],
+        },
+        KvWrite {
+            layer: 0,
+            shard: 0,
+            block_table: &[PageId(0), PageId(7)],
+            start: 2,
+            k: &k,
+            v: &k,
+        },
+    ];
+    for w in bad {
+        assert!(ReferenceEngine.write_kv(&mut pages, &w).is_err(), "{w:?}");
+        assert_eq!(pages.bytes(), &before[..], "{w:?} left a trace");
+    }
+    let inf = vec![f32::INFINITY; 8];
+    let w = KvWrite {
+        layer: 0,
+        shard: 0,
+        block_table: &table,
+        start: 0,
+        k: &inf,
+        v: &inf,
+    };
+    assert!(matches!(
+        ReferenceEngine.write_kv(&mut pages, &w),
+        Err(Error::InvalidValue(_))
+    ));
+    assert_eq!(pages.bytes(), &before[..]);
+}
