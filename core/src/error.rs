@@ -63,6 +63,17 @@ pub enum Error {
         /// The page index.
         page: u32,
     },
+    /// The page is being filled or evicted, or still referenced, so the
+    /// operation cannot take it now.
+    PageBusy {
+        /// The page index.
+        page: u32,
+    },
+    /// A release for a page that holds no references: a double release.
+    NotReferenced {
+        /// The page index.
+        page: u32,
+    },
     /// A sequence id is not registered.
     UnknownSequence(u64),
     /// A sequence id is registered already.
@@ -98,6 +109,15 @@ impl fmt::Display for Error {
             Error::InvalidValue(what) => write!(f, "invalid value: {what}"),
             Error::CapacityExhausted(what) => write!(f, "capacity exhausted: {what}"),
             Error::StaleHandle { page } => write!(f, "stale handle for page {page}"),
+            Error::PageBusy { page } => {
+                write!(f, "page {page} is busy (filling, evicting or referenced)")
+            }
+            Error::NotReferenced { page } => {
+                write!(
+                    f,
+                    "page {page} holds no reference to release (double release?)"
+                )
+            }
             Error::UnknownSequence(id) => write!(f, "unknown sequence {id}"),
             Error::DuplicateSequence(id) => write!(f, "sequence {id} already exists"),
             Error::Device(why) => write!(f, "device error: {why}"),

@@ -5,6 +5,7 @@
 //! - [`coordinator`]: requests → canonical block plans and slice keys.
 //! - [`sequence`]: sequence id → block table, on the heap or fixed-size.
 //! - [`page`]: page memory and K/V row I/O.
+//! - [`pool`]: the fixed-capacity lock-free [`PagePool`].
 //! - [`engine`]: the [`AttentionEngine`] trait and the [`ReferenceEngine`].
 //!
 //! ```
@@ -31,7 +32,9 @@ mod error;
 pub mod key;
 pub mod layout;
 pub mod page;
+pub mod pool;
 pub mod sequence;
+mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
@@ -41,6 +44,9 @@ pub use error::{Error, Result};
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
 pub use page::{KvWrite, PageBuf, PageId, PageMemory, PageMemoryMut, read_head_rows, write_kv};
+pub use pool::{
+    AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, RefToken,
+};
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
 
 /// The README's example runs as a doctest.

@@ -1,4 +1,83 @@
 //! loom models of kvslice-core's lock-free protocols.
 //!
-//! Core has no lock-free protocol yet (the page pool and slice map land
-//! next), so there is no model here yet.
+//! Run them exhaustively (within loom's preemption bound) with
+//!
+//! ```sh
+//! RUSTFLAGS="--cfg kvslice_loom" LOOM_MAX_PREEMPTIONS=3 \
+//!     cargo test --release -p kvslice-loom-tests --target-dir target/loom
+//! ```
+//!
+//! Without the cfg, the same models run as ordinary tests: each is executed
+//! [`PLAIN_RUNS`] times on real threads, so `cargo test --workspace` keeps
+//! them compiling and catches gross breakage, though only loom proves them.
+
+#[cfg(kvslice_loom)]
+pub use loom::sync::Arc;
+#[cfg(kvslice_loom)]
+pub use loom::sync::atomic::{AtomicU32, Ordering};
+#[cfg(kvslice_loom)]
+pub use loom::thread;
+
+#[cfg(not(kvslice_loom))]
+pub use std::sync::Arc;
+#[cfg(not(kvslice_loom))]
+pub use std::sync::atomic::{AtomicU32, Ordering};
+#[cfg(not(kvslice_loom))]
+pub use std::thread;
+
+/// How often a model runs on real threads when loom is off.
+pub const PLAIN_RUNS: usize = 2000;
+
+/// Runs `f` under loom's model checker, or [`PLAIN_RUNS`] times plainly,
+/// and prints how many executions that was.
+pub fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let started = std::time::Instant::now();
+    let counted = move || {
+        counter.fetch_add(1, Relaxed);
+        f();
+    };
+    #[cfg(kvslice_loom)]
+    loom::model(counted);
+    #[cfg(not(kvslice_loom))]
+    for _ in 0..PLAIN_RUNS {
+        counted();
+    }
+    let how = if cfg!(kvslice_loom) {
+        "loom interleavings"
+    } else {
+        "plain runs"
+    };
+    println!(
+        "{}: {} {how} in {:.2?}",
+        std::thread::current().name().unwrap_or("model"),
+        runs.load(Relaxed),
+        started.elapsed()
+    );
+}
+
+/// Per-page ownership marks: a model calls [`Owners::claim`] when it gets
+/// a page for writing and [`Owners::unclaim`] before giving it up, so a
+/// page handed to two owners at once fails the model. The marks are loom
+/// atomics, so loom checks their orderings too.
+pub struct Owners(Vec<AtomicU32>);
+
+impl Owners {
+    /// Marks for `n` pages.
+    pub fn new(n: usize) -> Self {
+        Self((0..n).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    /// Records that the caller owns `page`; panics if someone else does.
+    pub fn claim(&self, page: u32) {
+        let before = self.0[page as usize].fetch_add(1, Ordering::AcqRel);
+        assert_eq!(before, 0, "page {page} handed out twice");
+    }
+
+    /// Records that the caller gave `page` up.
+    pub fn unclaim(&self, page: u32) {
+        self.0[page as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,191 @@
+//! Guards that own a page's references: the only way to its bytes.
+//!
+//! - [`PageMut`]: the single writer of a page being filled.
+//! - [`PageRef`]: one counted reference to a published, immutable page.
+//! - [`Evicting`]: a page taken out of the cache, not yet freed.
+//! - [`AllocMany`]: the pages of an all-or-nothing reservation.
+
+use core::mem::ManuallyDrop;
+
+use super::state::Life;
+use super::{PageHandle, PagePool};
+
+/// Exclusive access to a page being filled. Dropping it frees the page;
+/// [`PageMut::publish`] turns it into a shared [`PageRef`].
+#[must_use = "dropping a PageMut frees the page"]
+#[derive(Debug)]
+pub struct PageMut<'p, 'm> {
+    pub(super) pool: &'p PagePool<'m>,
+    pub(super) handle: PageHandle,
+}
+
+impl<'p, 'm> PageMut<'p, 'm> {
+    /// Index and generation of the page.
+    pub fn handle(&self) -> PageHandle {
+        self.handle
+    }
+
+    /// The page's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: this guard is the page's only accessor: the page is
+        // Filling, which no other guard or acquire can reach, and `&self`
+        // excludes our own `bytes_mut` for the slice's lifetime.
+        unsafe { self.pool.storage.page(self.handle.index) }
+    }
+
+    /// The page's bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only slice.
+        unsafe { self.pool.storage.page_mut(self.handle.index) }
+    }
+
+    /// Makes the page immutable and shareable, keeping this reference.
+    pub fn publish(self) -> PageRef<'p, 'm> {
+        let this = ManuallyDrop::new(self);
+        this.pool
+            .transition(this.handle, |s| {
+                (s.life == Life::Filling).then_some((Life::Cached, s.refs))
+            })
+            .expect("a PageMut's page is Filling until the guard goes");
+        PageRef {
+            pool: this.pool,
+            handle: this.handle,
+        }
+    }
+}
+
+impl Drop for PageMut<'_, '_> {
+    fn drop(&mut self) {
+        self.pool.free_filling(self.handle);
+    }
+}
+
+/// One counted reference to a published page. Cloning takes another
+/// reference; dropping releases this one.
+#[must_use = "dropping a PageRef releases the reference"]
+#[derive(Debug)]
+pub struct PageRef<'p, 'm> {
+    pub(super) pool: &'p PagePool<'m>,
+    pub(super) handle: PageHandle,
+}
+
+impl<'p, 'm> PageRef<'p, 'm> {
+    /// Index and generation of the page.
+    pub fn handle(&self) -> PageHandle {
+        self.handle
+    }
+
+    /// The page's bytes, immutable while any reference exists.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the page is Cached and this guard holds a reference, so it
+        // cannot be evicted (eviction needs zero references) and nobody can
+        // get a writer to it (writers exist only for Filling pages).
+        unsafe { self.pool.storage.page(self.handle.index) }
+    }
+
+    /// Takes one more reference to the same page.
+    pub fn try_clone(&self) -> crate::Result<Self> {
+        self.pool.try_acquire(self.handle)
+    }
+
+    /// Keeps the reference but drops the borrow of the pool: for holding a
+    /// reference across calls where a lifetime does not fit. Give the token
+    /// back with [`PagePool::release`] or [`PagePool::redeem`].
+    pub fn into_token(self) -> RefToken {
+        let this = ManuallyDrop::new(self);
+        RefToken {
+            pool_id: this.pool.id,
+            handle: this.handle,
+        }
+    }
+}
+
+impl Drop for PageRef<'_, '_> {
+    fn drop(&mut self) {
+        self.pool.release_held(self.handle);
+    }
+}
+
+/// A reference held without a guard (see [`PageRef::into_token`]). It can
+/// be neither copied nor cloned, so a reference cannot be released twice.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a RefToken holds a page reference until it is released"]
+pub struct RefToken {
+    pub(super) pool_id: u64,
+    pub(super) handle: PageHandle,
+}
+
+impl RefToken {
+    /// Index and generation of the referenced page.
+    pub fn handle(&self) -> PageHandle {
+        self.handle
+    }
+}
+
+/// A page removed from the cache: no reference can be taken. Dropping it
+/// (or [`Evicting::finish`]) frees the page; [`Evicting::cancel`] puts it
+/// back.
+#[must_use = "dropping an Evicting frees the page"]
+#[derive(Debug)]
+pub struct Evicting<'p, 'm> {
+    pub(super) pool: &'p PagePool<'m>,
+    pub(super) handle: PageHandle,
+}
+
+impl Evicting<'_, '_> {
+    /// Index and generation of the page.
+    pub fn handle(&self) -> PageHandle {
+        self.handle
+    }
+
+    /// Frees the page; its handle becomes stale.
+    pub fn finish(self) {}
+
+    /// Returns the page to the cache unchanged.
+    pub fn cancel(self) {
+        let this = ManuallyDrop::new(self);
+        this.pool
+            .transition(this.handle, |s| {
+                (s.life == Life::Evicting).then_some((Life::Cached, 0))
+            })
+            .expect("an Evicting's page stays Evicting until the guard goes");
+    }
+}
+
+impl Drop for Evicting<'_, '_> {
+    fn drop(&mut self) {
+        self.pool.free_evicting(self.handle);
+    }
+}
+
+/// The pages of a successful [`PagePool::alloc_many`], yielded one by one.
+/// Pages not taken when it is dropped go back to the pool.
+#[derive(Debug)]
+pub struct AllocMany<'p, 'm> {
+    pub(super) pool: &'p PagePool<'m>,
+    pub(super) remaining: u32,
+}
+
+impl<'p, 'm> Iterator for AllocMany<'p, 'm> {
+    type Item = PageMut<'p, 'm>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        Some(self.pool.take_reserved())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining as usize, Some(self.remaining as usize))
+    }
+}
+
+impl ExactSizeIterator for AllocMany<'_, '_> {}
+
+impl Drop for AllocMany<'_, '_> {
+    fn drop(&mut self) {
+        self.pool.free.unreserve(self.remaining);
+    }
+}

@@ -1,0 +1,437 @@
+//! A fixed-capacity, lock-free page pool.
+//!
+//! Each page has one packed atomic state word (generation, reference count,
+//! lifecycle; see `state.rs`) and one free-list link. Pages move
+//!
+//! ```text
+//!            alloc               publish              try_begin_evict
+//!   Free ──────────────▶ Filling ─────────▶ Cached ──────────────────▶ Evicting
+//!    ▲   (1 ref, writer)    │      (refs ≥ 1 → 0)        (refs == 0)      │
+//!    │                      │ writer dropped                              │ finish
+//!    └──────────────────────┴──────────── generation + 1 ◀────────────────┘
+//! ```
+//!
+//! Every return to Free bumps the generation, so a [`PageHandle`] kept past
+//! its page's life is detected as stale instead of reaching someone else's
+//! data. Bytes are reachable only through guards: one [`PageMut`] writer
+//! while Filling, any number of [`PageRef`] readers while Cached.
+//! No allocation happens after construction.
+
+mod free_list;
+mod guard;
+mod state;
+mod storage;
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::sync::atomic::AtomicU64 as StdAtomicU64;
+
+pub use guard::{AllocMany, Evicting, PageMut, PageRef, RefToken};
+pub use state::Life;
+
+use self::free_list::FreeList;
+use self::state::PageState;
+use self::storage::Storage;
+use crate::error::{Error, Result, check_index};
+use crate::layout::KvLayout;
+use crate::page::PageId;
+use crate::sync::{AtomicU64, Ordering};
+
+/// A page index with the generation it had when the handle was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PageHandle {
+    index: u32,
+    generation: u32,
+}
+
+impl PageHandle {
+    /// The page's index in its pool.
+    pub fn id(self) -> PageId {
+        PageId(self.index)
+    }
+
+    /// The generation the handle names.
+    pub fn generation(self) -> u32 {
+        self.generation
+    }
+}
+
+/// A snapshot of one page's state, for diagnostics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageInfo {
+    /// Generation (bumped each time the page is freed).
+    pub generation: u32,
+    /// References held.
+    pub refs: u32,
+    /// Lifecycle state.
+    pub life: Life,
+}
+
+/// Distinguishes pools so a [`RefToken`] cannot be released into the wrong
+/// one. A plain core atomic even under loom: it is not part of any model.
+static NEXT_POOL_ID: StdAtomicU64 = StdAtomicU64::new(1);
+
+/// Pages of one [`KvLayout`], capacity fixed at construction.
+///
+/// ```
+/// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PagePool};
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 2, 1, 4, 4, KvDtype::F16))?;
+/// let pool = PagePool::new(layout, 2)?;
+///
+/// let mut page = pool.alloc()?;
+/// page.bytes_mut()[0] = 42;
+/// let shared = page.publish(); // immutable from here on
+/// let handle = shared.handle();
+/// let again = pool.try_acquire(handle)?; // a second reference
+/// assert_eq!(again.bytes()[0], 42);
+/// assert!(pool.try_begin_evict(handle).is_err()); // still referenced
+/// drop((shared, again));
+/// pool.try_begin_evict(handle)?.finish();
+/// assert!(pool.try_acquire(handle).is_err()); // stale now
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub struct PagePool<'m> {
+    id: u64,
+    layout: KvLayout,
+    capacity: u32,
+    states: Box<[AtomicU64]>,
+    free: FreeList,
+    storage: Storage<'m>,
+}
+
+impl core::fmt::Debug for PagePool<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PagePool")
+            .field("capacity", &self.capacity)
+            .field("free", &self.free.available())
+            .field("page_bytes", &self.layout.page_bytes())
+            .finish()
+    }
+}
+
+impl PagePool<'static> {
+    /// A pool of `capacity` zeroed pages, allocated once.
+    pub fn new(layout: KvLayout, capacity: u32) -> Result<Self> {
+        let len = Self::bytes_for(&layout, capacity)?;
+        Ok(Self::build(
+            layout,
+            capacity,
+            Storage::allocate(len, layout.page_bytes()),
+        ))
+    }
+}
+
+impl<'m> PagePool<'m> {
+    /// A pool over the caller's `memory`, as many pages as fit. Only the
+    /// per-page metadata (see [`PagePool::METADATA_BYTES_PER_PAGE`]) is
+    /// allocated, once, here.
+    ///
+    /// ```
+    /// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PagePool};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 8, 4, KvDtype::F32))?;
+    /// let mut arena = vec![0u8; 3 * layout.page_bytes() + 5];
+    /// let pool = PagePool::with_memory(layout, &mut arena)?;
+    /// assert_eq!(pool.capacity(), 3);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_memory(layout: KvLayout, memory: &'m mut [u8]) -> Result<Self> {
+        let capacity = u32::try_from(memory.len() / layout.page_bytes())
+            .map_err(|_| Error::Overflow("page count"))?;
+        let used = capacity as usize * layout.page_bytes();
+        Ok(Self::build(
+            layout,
+            capacity,
+            Storage::borrow(&mut memory[..used], layout.page_bytes()),
+        ))
+    }
+
+    fn bytes_for(layout: &KvLayout, capacity: u32) -> Result<usize> {
+        layout
+            .page_bytes()
+            .checked_mul(capacity as usize)
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or(Error::Overflow("pool bytes"))
+    }
+
+    fn build(layout: KvLayout, capacity: u32, storage: Storage<'m>) -> Self {
+        let free = PageState {
+            generation: 0,
+            refs: 0,
+            life: Life::Free,
+        }
+        .pack();
+        let states: Vec<AtomicU64> = (0..capacity).map(|_| AtomicU64::new(free)).collect();
+        Self {
+            id: NEXT_POOL_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+            layout,
+            capacity,
+            states: states.into_boxed_slice(),
+            free: FreeList::full(capacity),
+            storage,
+        }
+    }
+
+    /// Bytes of metadata the pool keeps per page: the state word and the
+    /// free-list link.
+    pub const METADATA_BYTES_PER_PAGE: usize =
+        core::mem::size_of::<u64>() + FreeList::BYTES_PER_PAGE;
+
+    /// The layout of every page.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Number of pages.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Pages free right now (a racy snapshot under concurrency).
+    pub fn free_pages(&self) -> u32 {
+        self.free.available()
+    }
+
+    /// One free page, for filling. Errors with
+    /// [`Error::CapacityExhausted`] when none is free.
+    pub fn alloc(&self) -> Result<PageMut<'_, 'm>> {
+        if !self.free.reserve(1) {
+            return Err(Error::CapacityExhausted("page pool"));
+        }
+        Ok(self.take_reserved())
+    }
+
+    /// `n` free pages, or none: on error the pool is exactly as it was.
+    ///
+    /// ```
+    /// # use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PagePool};
+    /// # let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 8, 4, KvDtype::F32))?;
+    /// let pool = PagePool::new(layout, 4)?;
+    /// assert!(pool.alloc_many(5).is_err());
+    /// assert_eq!(pool.free_pages(), 4);
+    /// let pages: Vec<_> = pool.alloc_many(3)?.collect();
+    /// assert_eq!((pages.len(), pool.free_pages()), (3, 1));
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn alloc_many(&self, n: u32) -> Result<AllocMany<'_, 'm>> {
+        if !self.free.reserve(n) {
+            return Err(Error::CapacityExhausted("page pool"));
+        }
+        Ok(AllocMany {
+            pool: self,
+            remaining: n,
+        })
+    }
+
+    /// Pops a reserved page and makes it Filling with the writer's reference.
+    fn take_reserved(&self) -> PageMut<'_, 'm> {
+        let index = self.free.pop_reserved();
+        let s = PageState::unpack(self.states[index as usize].load(Ordering::Acquire));
+        debug_assert_eq!((s.life, s.refs), (Life::Free, 0));
+        let filling = PageState {
+            generation: s.generation,
+            refs: 1,
+            life: Life::Filling,
+        };
+        // We own the popped page exclusively, so a store is enough; Release
+        // pairs with later acquirers of the state.
+        self.states[index as usize].store(filling.pack(), Ordering::Release);
+        PageMut {
+            pool: self,
+            handle: PageHandle {
+                index,
+                generation: s.generation,
+            },
+        }
+    }
+
+    /// Atomically moves page `h` to the state `f` picks, if `h` is current.
+    ///
+    /// `f` returns the new `(life, refs)` or `None` to refuse. Returns the
+    /// state seen, so callers can tell why a refusal happened.
+    fn transition(
+        &self,
+        h: PageHandle,
+        mut f: impl FnMut(PageState) -> Option<(Life, u32)>,
+    ) -> core::result::Result<PageState, PageState> {
+        let word = &self.states[h.index as usize];
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let s = PageState::unpack(cur);
+            if s.generation != h.generation {
+                return Err(s);
+            }
+            let Some((life, refs)) = f(s) else {
+                return Err(s);
+            };
+            let next = PageState {
+                generation: s.generation,
+                refs,
+                life,
+            }
+            .pack();
+            match word.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(s),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// The error for an operation on `h` refused in state `s`.
+    fn refusal(h: PageHandle, s: PageState) -> Error {
+        if s.generation != h.generation || s.life == Life::Free {
+            Error::StaleHandle { page: h.index }
+        } else {
+            Error::PageBusy { page: h.index }
+        }
+    }
+
+    fn check_handle(&self, h: PageHandle) -> Result<()> {
+        check_index("page", h.index as usize, self.capacity as usize)
+    }
+
+    /// A new reference to the published page `h`.
+    ///
+    /// Errors with [`Error::StaleHandle`] if the page was freed since `h`
+    /// was made, and [`Error::PageBusy`] if it is being filled or evicted:
+    /// an acquire that races an eviction either wins (and the eviction
+    /// fails) or loses cleanly.
+    pub fn try_acquire(&self, h: PageHandle) -> Result<PageRef<'_, 'm>> {
+        self.check_handle(h)?;
+        let acquired = self.transition(h, |s| {
+            (s.life == Life::Cached && s.refs < PageState::MAX_REFS)
+                .then(|| (Life::Cached, s.refs + 1))
+        });
+        match acquired {
+            Ok(_) => Ok(PageRef {
+                pool: self,
+                handle: h,
+            }),
+            Err(s) if s.generation == h.generation && s.life == Life::Cached => {
+                Err(Error::CapacityExhausted("page references"))
+            }
+            Err(s) => Err(Self::refusal(h, s)),
+        }
+    }
+
+    /// Releases a reference held as a token.
+    pub fn release(&self, token: RefToken) -> Result<()> {
+        self.redeem(token).map(drop)
+    }
+
+    /// Turns a token back into a guard.
+    pub fn redeem(&self, token: RefToken) -> Result<PageRef<'_, 'm>> {
+        if token.pool_id != self.id {
+            return Err(Error::InvalidValue("reference token from another pool"));
+        }
+        Ok(PageRef {
+            pool: self,
+            handle: token.handle,
+        })
+    }
+
+    /// Drops one reference that the caller's guard or token holds.
+    fn release_held(&self, h: PageHandle) {
+        let released = self.transition(h, |s| {
+            (s.life == Life::Cached && s.refs > 0).then(|| (Life::Cached, s.refs - 1))
+        });
+        debug_assert!(
+            released.is_ok(),
+            "released a reference nobody held: {released:?}"
+        );
+    }
+
+    /// Takes the unreferenced, published page `h` out of the cache. No
+    /// reference can be taken from here on; dropping the returned guard
+    /// frees the page.
+    ///
+    /// Errors with [`Error::PageBusy`] if the page has references (or is
+    /// being filled or evicted), and [`Error::StaleHandle`] if it is gone.
+    pub fn try_begin_evict(&self, h: PageHandle) -> Result<Evicting<'_, 'm>> {
+        self.check_handle(h)?;
+        match self.transition(h, |s| {
+            (s.life == Life::Cached && s.refs == 0).then_some((Life::Evicting, 0))
+        }) {
+            Ok(_) => Ok(Evicting {
+                pool: self,
+                handle: h,
+            }),
+            Err(s) => Err(Self::refusal(h, s)),
+        }
+    }
+
+    /// Evicts and frees `h` in one step. See [`PagePool::try_begin_evict`].
+    pub fn try_evict(&self, h: PageHandle) -> Result<()> {
+        self.try_begin_evict(h).map(Evicting::finish)
+    }
+
+    /// A private, writable copy of `src`: copy-on-write for a shared
+    /// partial block that is about to diverge.
+    ///
+    /// ```
+    /// # use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PagePool};
+    /// # let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 8, 4, KvDtype::F32))?;
+    /// let pool = PagePool::new(layout, 2)?;
+    /// let mut p = pool.alloc()?;
+    /// p.bytes_mut()[..3].copy_from_slice(b"abc");
+    /// let shared = p.publish();
+    /// let mut mine = pool.copy_page(&shared)?;
+    /// mine.bytes_mut()[2] = b'x';
+    /// assert_eq!((&shared.bytes()[..3], &mine.bytes()[..3]), (&b"abc"[..], &b"abx"[..]));
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn copy_page(&self, src: &PageRef<'_, '_>) -> Result<PageMut<'_, 'm>> {
+        if src.pool.id != self.id {
+            return Err(Error::InvalidValue("source page from another pool"));
+        }
+        let mut dst = self.alloc()?;
+        dst.bytes_mut().copy_from_slice(src.bytes());
+        Ok(dst)
+    }
+
+    /// A snapshot of page `id`'s state.
+    pub fn page_info(&self, id: PageId) -> Result<PageInfo> {
+        check_index("page", id.0 as usize, self.capacity as usize)?;
+        let s = PageState::unpack(self.states[id.0 as usize].load(Ordering::Acquire));
+        Ok(PageInfo {
+            generation: s.generation,
+            refs: s.refs,
+            life: s.life,
+        })
+    }
+
+    /// Frees a Filling page whose writer went away.
+    fn free_filling(&self, h: PageHandle) {
+        self.free_from(h, Life::Filling);
+    }
+
+    /// Frees an Evicting page.
+    fn free_evicting(&self, h: PageHandle) {
+        self.free_from(h, Life::Evicting);
+    }
+
+    fn free_from(&self, h: PageHandle, from: Life) {
+        let freed = PageState {
+            generation: h.generation.wrapping_add(1),
+            refs: 0,
+            life: Life::Free,
+        };
+        let expected_refs = u32::from(from == Life::Filling);
+        let old = PageState {
+            generation: h.generation,
+            refs: expected_refs,
+            life: from,
+        };
+        let swapped = self.states[h.index as usize].compare_exchange(
+            old.pack(),
+            freed.pack(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        debug_assert!(swapped.is_ok(), "freeing a page in an unexpected state");
+        if swapped.is_ok() {
+            self.free.push(h.index);
+        }
+    }
+}

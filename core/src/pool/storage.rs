@@ -1,0 +1,95 @@
+//! The pool's page bytes: one region, owned or borrowed, sliced per page.
+//!
+//! This is the only place the pool touches raw memory. It hands out page
+//! slices only through `unsafe` functions whose callers (the guards in
+//! `guard.rs`) uphold the aliasing rules via the page lifecycle.
+
+use alloc::boxed::Box;
+use alloc::vec;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+pub(crate) struct Storage<'m> {
+    base: NonNull<u8>,
+    len: usize,
+    page_bytes: usize,
+    owned: bool,
+    _borrow: PhantomData<&'m mut [u8]>,
+}
+
+// SAFETY: `Storage` is a uniquely owned or uniquely borrowed byte region;
+// moving it to another thread moves that ownership.
+unsafe impl Send for Storage<'_> {}
+// SAFETY: shared access only produces page slices through the `unsafe`
+// accessors below, whose contracts forbid conflicting access to one page.
+unsafe impl Sync for Storage<'_> {}
+
+impl Storage<'static> {
+    /// Allocates `len` zeroed bytes, once.
+    pub(crate) fn allocate(len: usize, page_bytes: usize) -> Self {
+        let raw = Box::into_raw(vec![0u8; len].into_boxed_slice());
+        Self {
+            // A `Box` pointer is never null (dangling but non-null when empty).
+            base: NonNull::new(raw.cast::<u8>()).unwrap_or(NonNull::dangling()),
+            len,
+            page_bytes,
+            owned: true,
+            _borrow: PhantomData,
+        }
+    }
+}
+
+impl<'m> Storage<'m> {
+    /// Uses the caller's bytes for the lifetime `'m`.
+    pub(crate) fn borrow(bytes: &'m mut [u8], page_bytes: usize) -> Self {
+        Self {
+            len: bytes.len(),
+            base: NonNull::from(bytes).cast::<u8>(),
+            page_bytes,
+            owned: false,
+            _borrow: PhantomData,
+        }
+    }
+
+    fn page_ptr(&self, index: u32) -> *mut u8 {
+        let offset = index as usize * self.page_bytes;
+        assert!(
+            offset + self.page_bytes <= self.len,
+            "page index past storage"
+        );
+        // Never dereferenced here; in bounds by the assert above.
+        self.base.as_ptr().wrapping_add(offset)
+    }
+
+    /// # Safety
+    /// No `&mut` to page `index` may exist while the returned slice lives.
+    pub(crate) unsafe fn page(&self, index: u32) -> &[u8] {
+        let ptr = self.page_ptr(index);
+        // SAFETY: `ptr..ptr + page_bytes` lies inside the region (checked in
+        // `page_ptr`), the region is valid for `'m`, and the caller promises
+        // no concurrent writer.
+        unsafe { core::slice::from_raw_parts(ptr, self.page_bytes) }
+    }
+
+    /// # Safety
+    /// The caller must be the only one accessing page `index` while the
+    /// returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn page_mut(&self, index: u32) -> &mut [u8] {
+        let ptr = self.page_ptr(index);
+        // SAFETY: in bounds as above; the caller promises exclusive access,
+        // and pages never overlap, so this aliases nothing else.
+        unsafe { core::slice::from_raw_parts_mut(ptr, self.page_bytes) }
+    }
+}
+
+impl Drop for Storage<'_> {
+    fn drop(&mut self) {
+        if self.owned {
+            let slice = core::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.len);
+            // SAFETY: `slice` is exactly the pointer `Box::into_raw` gave in
+            // `allocate`, dropped once, here.
+            drop(unsafe { Box::from_raw(slice) });
+        }
+    }
+}
