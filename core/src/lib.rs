@@ -26,6 +26,9 @@
 
 extern crate alloc;
 
+/// The 16-bit float types K/V can be stored in.
+pub use half::{bf16, f16};
+
 pub mod coordinator;
 pub mod engine;
 mod error;
@@ -43,7 +46,10 @@ pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, S
 pub use error::{Error, Result};
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
-pub use page::{KvWrite, PageBuf, PageId, PageMemory, PageMemoryMut, read_head_rows, write_kv};
+pub use page::{
+    KvRows, KvRowsMut, KvWrite, PageBuf, PageId, PageMemory, PageMemoryMut, read_head_rows,
+    write_kv,
+};
 pub use pool::{
     AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, RefToken,
 };

@@ -111,8 +111,10 @@ fn alloc_many_is_all_or_nothing_and_returns_untaken_pages() {
 
 #[test]
 fn caller_memory_holds_the_pages() {
-    let l = layout();
-    let mut arena = vec![0u8; 3 * l.page_bytes()];
+    // Pages of at least 64 bytes, so aligning the start can cost no page.
+    let l = KvLayout::new(LayoutSpec::new(1, 2, 1, 16, 2, KvDtype::F16)).unwrap();
+    assert!(l.page_bytes() >= 64);
+    let mut arena = vec![0u8; 3 * l.page_bytes() + 63];
     {
         let pool = PagePool::with_memory(l, &mut arena).unwrap();
         let mut w = pool.alloc().unwrap();
@@ -351,5 +353,58 @@ fn two_threads_churn_without_losing_pages() {
     for i in 0..8 {
         let info = pool.page_info(PageId(i)).unwrap();
         assert_eq!((info.life, info.refs), (Life::Free, 0));
+    }
+}
+
+#[test]
+fn typed_views_cover_each_head_region() {
+    use kvslice_core::{KvPart, KvRows, KvRowsMut, bf16, f16};
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+        let l = KvLayout::new(LayoutSpec::new(2, 4, 2, 8, 3, dtype)).unwrap();
+        let pool = PagePool::new(l, 1).unwrap();
+        let mut w = pool.alloc().unwrap();
+        let mut value = 0.0f32;
+        for layer in 0..2 {
+            for part in [KvPart::K, KvPart::V] {
+                for head in 0..2 {
+                    value += 1.0;
+                    match w.rows_mut(part, layer, head).unwrap() {
+                        KvRowsMut::F32(x) => x.fill(value),
+                        KvRowsMut::F16(x) => x.fill(f16::from_f32(value)),
+                        KvRowsMut::Bf16(x) => x.fill(bf16::from_f32(value)),
+                    }
+                }
+            }
+        }
+        assert!(w.rows_mut(KvPart::K, 2, 0).is_err());
+        let r = w.publish();
+        let mut value = 0.0f32;
+        for layer in 0..2 {
+            for part in [KvPart::K, KvPart::V] {
+                for head in 0..2 {
+                    value += 1.0;
+                    let rows = r.rows(part, layer, head).unwrap();
+                    assert_eq!(rows.len(), 3 * 8);
+                    assert!(matches!(
+                        (dtype, rows),
+                        (KvDtype::F32, KvRows::F32(_))
+                            | (KvDtype::F16, KvRows::F16(_))
+                            | (KvDtype::Bf16, KvRows::Bf16(_))
+                    ));
+                    assert!(
+                        (0..rows.len()).all(|i| rows.get_f32(i) == Some(value)),
+                        "{dtype:?} {layer} {part:?} {head}"
+                    );
+                }
+            }
+        }
+        // The views tile the page: the same bytes, decoded directly.
+        let mut decoded = vec![0f32; l.page_elems()];
+        dtype.decode_row(r.bytes(), &mut decoded).unwrap();
+        let mut want: Vec<f32> = Vec::new();
+        for v in 1..=8 {
+            want.extend(std::iter::repeat_n(v as f32, 24));
+        }
+        assert_eq!(decoded, want);
     }
 }

@@ -6,9 +6,12 @@
 
 mod buf;
 mod kv_io;
+mod typed;
 
 pub use buf::PageBuf;
 pub use kv_io::{KvWrite, read_head_rows, write_kv};
+pub use typed::{KvRows, KvRowsMut};
+pub(crate) use typed::{rows, rows_mut};
 
 use crate::error::Result;
 use crate::layout::KvLayout;

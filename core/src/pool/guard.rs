@@ -9,6 +9,9 @@ use core::mem::ManuallyDrop;
 
 use super::state::Life;
 use super::{PageHandle, PagePool};
+use crate::error::Result;
+use crate::layout::KvPart;
+use crate::page::{KvRows, KvRowsMut};
 
 /// Exclusive access to a page being filled. Dropping it frees the page;
 /// [`PageMut::publish`] turns it into a shared [`PageRef`].
@@ -37,6 +40,37 @@ impl<'p, 'm> PageMut<'p, 'm> {
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `bytes`; `&mut self` makes this the only slice.
         unsafe { self.pool.storage.page_mut(self.handle.index) }
+    }
+
+    /// One head's K or V rows, typed, writable.
+    ///
+    /// ```
+    /// use kvslice_core::{KvDtype, KvLayout, KvPart, KvRows, KvRowsMut, LayoutSpec, PagePool};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 2, KvDtype::F32))?;
+    /// let pool = PagePool::new(layout, 1)?;
+    /// let mut page = pool.alloc()?;
+    /// if let KvRowsMut::F32(v) = page.rows_mut(KvPart::V, 0, 0)? {
+    ///     v.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+    /// }
+    /// let page = page.publish();
+    /// assert_eq!(page.rows(KvPart::V, 0, 0)?, KvRows::F32(&[1.0, 2.0, 3.0, 4.0]));
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn rows_mut(
+        &mut self,
+        part: KvPart,
+        layer_in_group: u32,
+        head_in_shard: u32,
+    ) -> Result<KvRowsMut<'_>> {
+        let layout = *self.pool.layout();
+        crate::page::rows_mut(
+            &layout,
+            self.bytes_mut(),
+            part,
+            layer_in_group,
+            head_in_shard,
+        )
     }
 
     /// Makes the page immutable and shareable, keeping this reference.
@@ -83,8 +117,24 @@ impl<'p, 'm> PageRef<'p, 'm> {
         unsafe { self.pool.storage.page(self.handle.index) }
     }
 
+    /// One head's K or V rows, typed. See [`PageMut::rows_mut`].
+    pub fn rows(
+        &self,
+        part: KvPart,
+        layer_in_group: u32,
+        head_in_shard: u32,
+    ) -> Result<KvRows<'_>> {
+        crate::page::rows(
+            self.pool.layout(),
+            self.bytes(),
+            part,
+            layer_in_group,
+            head_in_shard,
+        )
+    }
+
     /// Takes one more reference to the same page.
-    pub fn try_clone(&self) -> crate::Result<Self> {
+    pub fn try_clone(&self) -> Result<Self> {
         self.pool.try_acquire(self.handle)
     }
 

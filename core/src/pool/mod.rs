@@ -123,15 +123,16 @@ impl PagePool<'static> {
 }
 
 impl<'m> PagePool<'m> {
-    /// A pool over the caller's `memory`, as many pages as fit. Only the
-    /// per-page metadata (see [`PagePool::METADATA_BYTES_PER_PAGE`]) is
-    /// allocated, once, here.
+    /// A pool over the caller's `memory`, as many pages as fit after its
+    /// start is rounded up to a 64-byte boundary. Only the per-page
+    /// metadata (see [`PagePool::METADATA_BYTES_PER_PAGE`]) is allocated,
+    /// once, here.
     ///
     /// ```
     /// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PagePool};
     ///
     /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 8, 4, KvDtype::F32))?;
-    /// let mut arena = vec![0u8; 3 * layout.page_bytes() + 5];
+    /// let mut arena = vec![0u8; 3 * layout.page_bytes() + 64];
     /// let pool = PagePool::with_memory(layout, &mut arena)?;
     /// assert_eq!(pool.capacity(), 3);
     /// # Ok::<(), kvslice_core::Error>(())

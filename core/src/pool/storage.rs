@@ -24,14 +24,23 @@ unsafe impl Send for Storage<'_> {}
 // accessors below, whose contracts forbid conflicting access to one page.
 unsafe impl Sync for Storage<'_> {}
 
+/// Page memory is aligned to this many bytes (a cache line; enough for
+/// any SIMD load and for typed views of every dtype).
+pub(crate) const ALIGN: usize = 64;
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; ALIGN]);
+
 impl Storage<'static> {
-    /// Allocates `len` zeroed bytes, once.
+    /// Allocates `len` zeroed bytes, 64-byte aligned, once.
     pub(crate) fn allocate(len: usize, page_bytes: usize) -> Self {
-        let raw = Box::into_raw(vec![0u8; len].into_boxed_slice());
+        let lines = len.div_ceil(ALIGN);
+        let raw = Box::into_raw(vec![Line([0; ALIGN]); lines].into_boxed_slice());
         Self {
             // A `Box` pointer is never null (dangling but non-null when empty).
             base: NonNull::new(raw.cast::<u8>()).unwrap_or(NonNull::dangling()),
-            len,
+            len: lines * ALIGN,
             page_bytes,
             owned: true,
             _borrow: PhantomData,
@@ -40,8 +49,10 @@ impl Storage<'static> {
 }
 
 impl<'m> Storage<'m> {
-    /// Uses the caller's bytes for the lifetime `'m`.
+    /// Uses the caller's bytes for the lifetime `'m`; the caller aligns
+    /// them to [`ALIGN`].
     pub(crate) fn borrow(bytes: &'m mut [u8], page_bytes: usize) -> Self {
+        debug_assert_eq!(bytes.as_ptr().align_offset(ALIGN), 0);
         Self {
             len: bytes.len(),
             base: NonNull::from(bytes).cast::<u8>(),
@@ -86,7 +97,9 @@ impl<'m> Storage<'m> {
 impl Drop for Storage<'_> {
     fn drop(&mut self) {
         if self.owned {
-            let slice = core::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), self.len);
+            let lines = self.len / ALIGN;
+            let slice =
+                core::ptr::slice_from_raw_parts_mut(self.base.as_ptr().cast::<Line>(), lines);
             // SAFETY: `slice` is exactly the pointer `Box::into_raw` gave in
             // `allocate`, dropped once, here.
             drop(unsafe { Box::from_raw(slice) });
