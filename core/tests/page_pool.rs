@@ -129,7 +129,12 @@ fn caller_memory_holds_the_pages() {
 
 #[test]
 fn metadata_fits_in_16_bytes_per_page() {
-    assert_eq!(PagePool::METADATA_BYTES_PER_PAGE, 12);
+    assert_eq!(PagePool::METADATA_BYTES_PER_PAGE, 8);
+    let l = layout();
+    assert!(matches!(
+        PagePool::new(l, PagePool::MAX_PAGES + 1),
+        Err(Error::CapacityExhausted(_))
+    ));
 }
 
 /// What the model believes about one page.

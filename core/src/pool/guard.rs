@@ -7,6 +7,7 @@
 
 use core::mem::ManuallyDrop;
 
+use super::free_list::Chain;
 use super::state::Life;
 use super::{PageHandle, PagePool};
 use crate::error::Result;
@@ -89,6 +90,7 @@ impl<'p, 'm> PageMut<'p, 'm> {
 }
 
 impl Drop for PageMut<'_, '_> {
+    #[inline]
     fn drop(&mut self) {
         self.pool.free_filling(self.handle);
     }
@@ -151,6 +153,7 @@ impl<'p, 'm> PageRef<'p, 'm> {
 }
 
 impl Drop for PageRef<'_, '_> {
+    #[inline]
     fn drop(&mut self) {
         self.pool.release_held(self.handle);
     }
@@ -213,22 +216,21 @@ impl Drop for Evicting<'_, '_> {
 #[derive(Debug)]
 pub struct AllocMany<'p, 'm> {
     pub(super) pool: &'p PagePool<'m>,
-    pub(super) remaining: u32,
+    pub(super) chain: Option<Chain>,
 }
 
 impl<'p, 'm> Iterator for AllocMany<'p, 'm> {
     type Item = PageMut<'p, 'm>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.remaining == 0 {
-            return None;
-        }
-        self.remaining -= 1;
-        Some(self.pool.take_reserved())
+        let chain = self.chain.as_mut()?;
+        let (index, generation) = self.pool.free.next_of(&self.pool.states, chain)?;
+        Some(self.pool.start_filling(index, generation))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.remaining as usize, Some(self.remaining as usize))
+        let n = self.chain.as_ref().map_or(0, |c| c.len() as usize);
+        (n, Some(n))
     }
 }
 
@@ -236,6 +238,8 @@ impl ExactSizeIterator for AllocMany<'_, '_> {}
 
 impl Drop for AllocMany<'_, '_> {
     fn drop(&mut self) {
-        self.pool.free.unreserve(self.remaining);
+        if let Some(rest) = self.chain.take() {
+            self.pool.free.push_chain(&self.pool.states, rest);
+        }
     }
 }

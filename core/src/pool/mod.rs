@@ -1,7 +1,8 @@
 //! A fixed-capacity, lock-free page pool.
 //!
-//! Each page has one packed atomic state word (generation, reference count,
-//! lifecycle; see `state.rs`) and one free-list link. Pages move
+//! Each page has one packed atomic state word (generation, reference count
+//! or free-list link, lifecycle; see `state.rs`) and no other metadata.
+//! Pages move
 //!
 //! ```text
 //!            alloc               publish              try_begin_evict
@@ -104,7 +105,7 @@ impl core::fmt::Debug for PagePool<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("PagePool")
             .field("capacity", &self.capacity)
-            .field("free", &self.free.available())
+            .field("free", &self.free_pages())
             .field("page_bytes", &self.layout.page_bytes())
             .finish()
     }
@@ -124,7 +125,8 @@ impl PagePool<'static> {
 
 impl<'m> PagePool<'m> {
     /// A pool over the caller's `memory`, as many pages as fit after its
-    /// start is rounded up to a 64-byte boundary. Only the per-page
+    /// start is rounded up to a 64-byte boundary (at most
+    /// [`PagePool::MAX_PAGES`]). Only the per-page
     /// metadata (see [`PagePool::METADATA_BYTES_PER_PAGE`]) is allocated,
     /// once, here.
     ///
@@ -138,8 +140,14 @@ impl<'m> PagePool<'m> {
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn with_memory(layout: KvLayout, memory: &'m mut [u8]) -> Result<Self> {
+        let skip = memory
+            .as_ptr()
+            .align_offset(storage::ALIGN)
+            .min(memory.len());
+        let memory = &mut memory[skip..];
         let capacity = u32::try_from(memory.len() / layout.page_bytes())
-            .map_err(|_| Error::Overflow("page count"))?;
+            .unwrap_or(u32::MAX)
+            .min(Self::MAX_PAGES);
         let used = capacity as usize * layout.page_bytes();
         Ok(Self::build(
             layout,
@@ -149,6 +157,11 @@ impl<'m> PagePool<'m> {
     }
 
     fn bytes_for(layout: &KvLayout, capacity: u32) -> Result<usize> {
+        if capacity > Self::MAX_PAGES {
+            return Err(Error::CapacityExhausted(
+                "pages per pool (PagePool::MAX_PAGES)",
+            ));
+        }
         layout
             .page_bytes()
             .checked_mul(capacity as usize)
@@ -157,27 +170,24 @@ impl<'m> PagePool<'m> {
     }
 
     fn build(layout: KvLayout, capacity: u32, storage: Storage<'m>) -> Self {
-        let free = PageState {
-            generation: 0,
-            refs: 0,
-            life: Life::Free,
-        }
-        .pack();
-        let states: Vec<AtomicU64> = (0..capacity).map(|_| AtomicU64::new(free)).collect();
+        let (free, words) = FreeList::full(capacity);
+        let states: Vec<AtomicU64> = words.map(AtomicU64::new).collect();
         Self {
             id: NEXT_POOL_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
             layout,
             capacity,
             states: states.into_boxed_slice(),
-            free: FreeList::full(capacity),
+            free,
             storage,
         }
     }
 
-    /// Bytes of metadata the pool keeps per page: the state word and the
-    /// free-list link.
-    pub const METADATA_BYTES_PER_PAGE: usize =
-        core::mem::size_of::<u64>() + FreeList::BYTES_PER_PAGE;
+    /// Bytes of metadata the pool keeps per page: one state word.
+    pub const METADATA_BYTES_PER_PAGE: usize = core::mem::size_of::<u64>();
+
+    /// The most pages one pool can hold (free-list links share the
+    /// reference-count bits).
+    pub const MAX_PAGES: u32 = PageState::MAX_PAGES;
 
     /// The layout of every page.
     pub fn layout(&self) -> &KvLayout {
@@ -189,18 +199,23 @@ impl<'m> PagePool<'m> {
         self.capacity
     }
 
-    /// Pages free right now (a racy snapshot under concurrency).
+    /// Pages free right now: a scan of every page's state, so O(capacity),
+    /// and only a snapshot while other threads allocate or free.
     pub fn free_pages(&self) -> u32 {
-        self.free.available()
+        self.states
+            .iter()
+            .filter(|w| PageState::unpack(w.load(Ordering::Relaxed)).life == Life::Free)
+            .count() as u32
     }
 
     /// One free page, for filling. Errors with
     /// [`Error::CapacityExhausted`] when none is free.
+    #[inline]
     pub fn alloc(&self) -> Result<PageMut<'_, 'm>> {
-        if !self.free.reserve(1) {
-            return Err(Error::CapacityExhausted("page pool"));
+        match self.free.pop(&self.states) {
+            Some((index, generation)) => Ok(self.start_filling(index, generation)),
+            None => Err(Error::CapacityExhausted("page pool")),
         }
-        Ok(self.take_reserved())
     }
 
     /// `n` free pages, or none: on error the pool is exactly as it was.
@@ -216,34 +231,44 @@ impl<'m> PagePool<'m> {
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn alloc_many(&self, n: u32) -> Result<AllocMany<'_, 'm>> {
-        if !self.free.reserve(n) {
-            return Err(Error::CapacityExhausted("page pool"));
-        }
-        Ok(AllocMany {
-            pool: self,
-            remaining: n,
-        })
+        let chain = match n {
+            0 => None,
+            n => Some(
+                self.free
+                    .pop_chain(&self.states, n)
+                    .ok_or(Error::CapacityExhausted("page pool"))?,
+            ),
+        };
+        Ok(AllocMany { pool: self, chain })
     }
 
-    /// Pops a reserved page and makes it Filling with the writer's reference.
-    fn take_reserved(&self) -> PageMut<'_, 'm> {
-        let index = self.free.pop_reserved();
-        let s = PageState::unpack(self.states[index as usize].load(Ordering::Acquire));
-        debug_assert_eq!((s.life, s.refs), (Life::Free, 0));
-        let filling = PageState {
-            generation: s.generation,
-            refs: 1,
-            life: Life::Filling,
-        };
+    /// Makes a page just popped off the free list Filling, with the
+    /// writer's reference.
+    #[inline]
+    fn start_filling(&self, index: u32, generation: u32) -> PageMut<'_, 'm> {
+        let word = &self.states[index as usize];
+        debug_assert_eq!(
+            PageState::unpack(word.load(Ordering::Relaxed)),
+            PageState {
+                generation,
+                refs: 0,
+                life: Life::Free
+            }
+        );
         // We own the popped page exclusively, so a store is enough; Release
         // pairs with later acquirers of the state.
-        self.states[index as usize].store(filling.pack(), Ordering::Release);
+        word.store(
+            PageState {
+                generation,
+                refs: 1,
+                life: Life::Filling,
+            }
+            .pack(),
+            Ordering::Release,
+        );
         PageMut {
             pool: self,
-            handle: PageHandle {
-                index,
-                generation: s.generation,
-            },
+            handle: PageHandle { index, generation },
         }
     }
 
@@ -251,6 +276,7 @@ impl<'m> PagePool<'m> {
     ///
     /// `f` returns the new `(life, refs)` or `None` to refuse. Returns the
     /// state seen, so callers can tell why a refusal happened.
+    #[inline]
     fn transition(
         &self,
         h: PageHandle,
@@ -298,6 +324,7 @@ impl<'m> PagePool<'m> {
     /// was made, and [`Error::PageBusy`] if it is being filled or evicted:
     /// an acquire that races an eviction either wins (and the eviction
     /// fails) or loses cleanly.
+    #[inline]
     pub fn try_acquire(&self, h: PageHandle) -> Result<PageRef<'_, 'm>> {
         self.check_handle(h)?;
         let acquired = self.transition(h, |s| {
@@ -333,6 +360,7 @@ impl<'m> PagePool<'m> {
     }
 
     /// Drops one reference that the caller's guard or token holds.
+    #[inline]
     fn release_held(&self, h: PageHandle) {
         let released = self.transition(h, |s| {
             (s.life == Life::Cached && s.refs > 0).then(|| (Life::Cached, s.refs - 1))
@@ -403,6 +431,7 @@ impl<'m> PagePool<'m> {
     }
 
     /// Frees a Filling page whose writer went away.
+    #[inline]
     fn free_filling(&self, h: PageHandle) {
         self.free_from(h, Life::Filling);
     }
@@ -412,27 +441,22 @@ impl<'m> PagePool<'m> {
         self.free_from(h, Life::Evicting);
     }
 
+    /// Frees a page the caller's guard owns exclusively. A Filling or
+    /// Evicting page's word is written only by its guard (every other
+    /// transition needs Cached), so the free list's push may overwrite it
+    /// with a plain store.
+    #[inline]
     fn free_from(&self, h: PageHandle, from: Life) {
-        let freed = PageState {
-            generation: h.generation.wrapping_add(1),
-            refs: 0,
-            life: Life::Free,
-        };
-        let expected_refs = u32::from(from == Life::Filling);
-        let old = PageState {
-            generation: h.generation,
-            refs: expected_refs,
-            life: from,
-        };
-        let swapped = self.states[h.index as usize].compare_exchange(
-            old.pack(),
-            freed.pack(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
+        debug_assert_eq!(
+            PageState::unpack(self.states[h.index as usize].load(Ordering::Relaxed)),
+            PageState {
+                generation: h.generation,
+                refs: u32::from(from == Life::Filling),
+                life: from
+            },
+            "freeing a page in an unexpected state"
         );
-        debug_assert!(swapped.is_ok(), "freeing a page in an unexpected state");
-        if swapped.is_ok() {
-            self.free.push(h.index);
-        }
+        self.free
+            .push(&self.states, h.index, h.generation.wrapping_add(1));
     }
 }

@@ -3,9 +3,13 @@
 //! ```text
 //!  63                32 31                 2 1  0
 //! +--------------------+--------------------+----+
-//! |     generation     |    references      |life|
+//! |     generation     | references | link  |life|
 //! +--------------------+--------------------+----+
 //! ```
+//!
+//! A Free page has no references, so the same 30 bits hold its free-list
+//! link instead (the slot, index + 1, of the page below it; 0 ends the
+//! list). The whole of a page's metadata is this one word.
 //!
 //! Fields are read and written through [`Field`], never with ad-hoc shifts.
 
@@ -80,11 +84,17 @@ impl PageState {
     /// The most references a page can carry.
     pub(crate) const MAX_REFS: u32 = REFS.max() as u32;
 
+    /// The fields of `word`. A Free page has no references: its link bits
+    /// read as `refs == 0` here (use [`PageState::link`] for the link).
     pub(crate) const fn unpack(word: u64) -> Self {
+        let life = Life::from_bits(LIFE.get(word));
         Self {
             generation: GENERATION.get(word) as u32,
-            refs: REFS.get(word) as u32,
-            life: Life::from_bits(LIFE.get(word)),
+            refs: match life {
+                Life::Free => 0,
+                _ => REFS.get(word) as u32,
+            },
+            life,
         }
     }
 
@@ -93,6 +103,25 @@ impl PageState {
         let w = REFS.set(w, self.refs as u64);
         LIFE.set(w, self.life as u64)
     }
+
+    /// The word of a Free page of `generation` whose free-list link is
+    /// `link`.
+    pub(crate) const fn free(generation: u32, link: u32) -> u64 {
+        PageState {
+            generation,
+            refs: link,
+            life: Life::Free,
+        }
+        .pack()
+    }
+
+    /// The free-list link of a Free page's word.
+    pub(crate) const fn link(word: u64) -> u32 {
+        REFS.get(word) as u32
+    }
+
+    /// The most pages a pool can hold: links must fit the field.
+    pub(crate) const MAX_PAGES: u32 = REFS.max() as u32 - 1;
 }
 
 #[cfg(test)]
@@ -103,7 +132,7 @@ mod tests {
     fn pack_round_trips_at_the_edges() {
         for generation in [0, 1, u32::MAX] {
             for refs in [0, 1, PageState::MAX_REFS] {
-                for life in [Life::Free, Life::Filling, Life::Cached, Life::Evicting] {
+                for life in [Life::Filling, Life::Cached, Life::Evicting] {
                     let s = PageState {
                         generation,
                         refs,
@@ -114,5 +143,17 @@ mod tests {
             }
         }
         assert_eq!(PageState::MAX_REFS, (1 << 30) - 1);
+        for link in [0, 1, PageState::MAX_PAGES + 1] {
+            let w = PageState::free(7, link);
+            assert_eq!(PageState::link(w), link);
+            assert_eq!(
+                PageState::unpack(w),
+                PageState {
+                    generation: 7,
+                    refs: 0,
+                    life: Life::Free
+                }
+            );
+        }
     }
 }

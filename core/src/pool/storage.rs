@@ -52,7 +52,7 @@ impl<'m> Storage<'m> {
     /// Uses the caller's bytes for the lifetime `'m`; the caller aligns
     /// them to [`ALIGN`].
     pub(crate) fn borrow(bytes: &'m mut [u8], page_bytes: usize) -> Self {
-        debug_assert_eq!(bytes.as_ptr().align_offset(ALIGN), 0);
+        debug_assert!(bytes.is_empty() || bytes.as_ptr().align_offset(ALIGN) == 0);
         Self {
             len: bytes.len(),
             base: NonNull::from(bytes).cast::<u8>(),
