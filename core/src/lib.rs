@@ -6,6 +6,9 @@
 //! - [`sequence`]: sequence id → block table, on the heap or fixed-size.
 //! - [`page`]: page memory and K/V row I/O.
 //! - [`pool`]: the fixed-capacity lock-free [`PagePool`].
+//! - [`map`]: the lock-free, epoch-reclaimed [`SliceMap`].
+//! - [`evict`]: eviction policies ([`ClockPolicy`], [`LruPolicy`]).
+//! - [`store`]: the [`CacheStore`] façade over pool, map and policy.
 //! - [`engine`]: the [`AttentionEngine`] trait and the [`ReferenceEngine`].
 //!
 //! ```
@@ -25,6 +28,8 @@
 #![warn(missing_docs)]
 
 extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
 
 /// The 16-bit float types K/V can be stored in.
 pub use half::{bf16, f16};
@@ -32,11 +37,14 @@ pub use half::{bf16, f16};
 pub mod coordinator;
 pub mod engine;
 mod error;
+pub mod evict;
 pub mod key;
 pub mod layout;
+pub mod map;
 pub mod page;
 pub mod pool;
 pub mod sequence;
+pub mod store;
 mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -44,8 +52,10 @@ pub mod testkit;
 pub use coordinator::{BlockRef, Coordinator, Request, SlicePlan};
 pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, SeqAttention};
 pub use error::{Error, Result};
+pub use evict::{ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent};
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
+pub use map::{MapCensus, SliceMap};
 pub use page::{
     KvRows, KvRowsMut, KvWrite, PageBuf, PageId, PageMemory, PageMemoryMut, read_head_rows,
     write_kv,
@@ -54,6 +64,7 @@ pub use pool::{
     AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
+pub use store::{CacheStore, Priority, StoreStats};
 
 /// The README's example runs as a doctest.
 #[cfg(doctest)]

@@ -1,9 +1,87 @@
-//! Atomics shim: core's atomics normally, loom's when the crate is built
-//! with `--cfg kvslice_loom` so the loom models in `loom-tests/` explore
-//! every interleaving of the same code.
+//! Synchronisation shim: core's atomics normally, loom's when the crate is
+//! built with `--cfg kvslice_loom`, so the loom models in `loom-tests/`
+//! explore every interleaving of the same code. Also a small spin lock for
+//! the few structures that are serial by nature (exact LRU).
+
+use core::cell::UnsafeCell;
+use core::ops::{Deref, DerefMut};
 
 #[cfg(kvslice_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(not(kvslice_loom))]
-pub(crate) use core::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+/// Tells the CPU (or loom's scheduler) that this thread is waiting.
+#[inline]
+pub(crate) fn spin_hint() {
+    #[cfg(kvslice_loom)]
+    loom::thread::yield_now();
+    #[cfg(not(kvslice_loom))]
+    core::hint::spin_loop();
+}
+
+/// A test-and-test-and-set lock. Only for short critical sections.
+pub(crate) struct SpinLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the lock hands out `&mut T` to one thread at a time, so sharing
+// the lock is as safe as sending the `T` between threads.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+impl<T> core::fmt::Debug for SpinLock<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("SpinLock(..)")
+    }
+}
+
+impl<T> SpinLock<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+        loop {
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return SpinGuard { lock: self };
+            }
+            while self.locked.load(Ordering::Relaxed) {
+                spin_hint();
+            }
+        }
+    }
+}
+
+pub(crate) struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this guard holds the lock, so no `&mut T` exists elsewhere.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: this guard holds the lock exclusively.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}

@@ -119,6 +119,11 @@ impl<'p, 'm> PageRef<'p, 'm> {
         unsafe { self.pool.storage.page(self.handle.index) }
     }
 
+    /// The pool the page belongs to.
+    pub(crate) fn pool(&self) -> &'p PagePool<'m> {
+        self.pool
+    }
+
     /// One head's K or V rows, typed. See [`PageMut::rows_mut`].
     pub fn rows(
         &self,
@@ -185,7 +190,7 @@ pub struct Evicting<'p, 'm> {
     pub(super) handle: PageHandle,
 }
 
-impl Evicting<'_, '_> {
+impl<'p, 'm> Evicting<'p, 'm> {
     /// Index and generation of the page.
     pub fn handle(&self) -> PageHandle {
         self.handle
@@ -193,6 +198,14 @@ impl Evicting<'_, '_> {
 
     /// Frees the page; its handle becomes stale.
     pub fn finish(self) {}
+
+    /// Reuses the page at once for new contents, without a trip through
+    /// the free list (so no other thread can take it in between). The old
+    /// handle becomes stale.
+    pub fn refill(self) -> PageMut<'p, 'm> {
+        let this = ManuallyDrop::new(self);
+        this.pool.refill_evicting(this.handle)
+    }
 
     /// Returns the page to the cache unchanged.
     pub fn cancel(self) {

@@ -55,6 +55,13 @@ impl PageHandle {
     pub fn generation(self) -> u32 {
         self.generation
     }
+
+    /// A handle from its index and generation (for handles stored outside
+    /// the pool, e.g. packed into a word). A made-up handle is harmless: an
+    /// operation on a generation that is not current fails as stale.
+    pub fn from_parts(index: u32, generation: u32) -> Self {
+        Self { index, generation }
+    }
 }
 
 /// A snapshot of one page's state, for diagnostics and tests.
@@ -439,6 +446,37 @@ impl<'m> PagePool<'m> {
     /// Frees an Evicting page.
     fn free_evicting(&self, h: PageHandle) {
         self.free_from(h, Life::Evicting);
+    }
+
+    /// Turns an Evicting page straight into a Filling one of the next
+    /// generation. The caller's `Evicting` guard owns the page exclusively.
+    fn refill_evicting(&self, h: PageHandle) -> PageMut<'_, 'm> {
+        let word = &self.states[h.index as usize];
+        debug_assert_eq!(
+            PageState::unpack(word.load(Ordering::Relaxed)),
+            PageState {
+                generation: h.generation,
+                refs: 0,
+                life: Life::Evicting
+            }
+        );
+        let generation = h.generation.wrapping_add(1);
+        word.store(
+            PageState {
+                generation,
+                refs: 1,
+                life: Life::Filling,
+            }
+            .pack(),
+            Ordering::Release,
+        );
+        PageMut {
+            pool: self,
+            handle: PageHandle {
+                index: h.index,
+                generation,
+            },
+        }
     }
 
     /// Frees a page the caller's guard owns exclusively. A Filling or

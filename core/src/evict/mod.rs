@@ -1,0 +1,67 @@
+//! Eviction policies: which cached page to give up when the pool is full.
+//!
+//! A policy only orders pages. The store decides whether a page *may* go:
+//! [`EvictionPolicy::evict_one`] offers pages, in the policy's order, to a
+//! `try_evict` callback, which succeeds only for a page that is cached,
+//! unreferenced, unpinned and has no cached child block (so parents outlive
+//! their children: leaf-first eviction), and which then owns the page. A
+//! policy never frees anything itself.
+//!
+//! Shipped policies: [`ClockPolicy`] (lock-free second chance, an LRU
+//! approximation) and [`LruPolicy`] (exact LRU, serialised by a spin lock).
+
+mod clock;
+mod lru;
+
+pub use clock::ClockPolicy;
+pub use lru::LruPolicy;
+
+use crate::page::PageId;
+
+/// What the store tells a policy about a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageEvent {
+    /// The page.
+    pub page: PageId,
+    /// A 64-bit fingerprint of the page's key, for policies that remember
+    /// keys (frequency sketches, ghost lists).
+    pub fingerprint: u64,
+    /// The block's position in its sequence (its prefix depth).
+    pub block_index: u32,
+}
+
+/// Which pages a `try_evict` callback accepts on this offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictPass {
+    /// Ordinary pages only; high-priority pages are refused.
+    Normal,
+    /// High-priority pages too (pinned pages never).
+    IncludeHigh,
+}
+
+/// An eviction order over a store's pages. Shared by all threads.
+pub trait EvictionPolicy: Send + Sync {
+    /// A short name, for reports.
+    fn name(&self) -> &'static str;
+
+    /// How many pages the policy can track (at least the pool's capacity).
+    fn capacity(&self) -> u32;
+
+    /// `event.page` was published and can now be evicted.
+    fn on_insert(&self, event: PageEvent);
+
+    /// `event.page` was hit by a lookup.
+    fn on_access(&self, event: PageEvent);
+
+    /// A lookup missed a key with this fingerprint (for admission policies;
+    /// ignored by default).
+    fn on_miss(&self, fingerprint: u64) {
+        let _ = fingerprint;
+    }
+
+    /// Offers pages to `try_evict` in eviction order until it accepts one,
+    /// forgets that page and returns it; `None` if no tracked page is
+    /// accepted. Must offer every tracked page with
+    /// [`EvictPass::IncludeHigh`] before giving up.
+    fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId>;
+}

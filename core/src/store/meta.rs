@@ -1,0 +1,113 @@
+//! What the store remembers about each page besides its bytes: its key,
+//! its parent block's page, how many cached children depend on it, its
+//! valid tokens and its priority.
+//!
+//! Fields are atomics, but the protocol, not the atomics, makes them
+//! consistent: they are written while the writer owns the page (Filling),
+//! published with the page, and read by holders of a reference or of an
+//! Evicting guard. `children` and `priority` change while the page is
+//! cached, always by a thread that holds a reference to it, so an evictor
+//! (which needs zero references) sees their final values.
+
+use crate::key::{BlockHash, SliceKey};
+use crate::pool::PageHandle;
+use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+
+/// How hard the store tries to keep a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Evicted in the policy's order.
+    Normal = 0,
+    /// Evicted only when no normal page can be (system prompts).
+    High = 1,
+    /// Never evicted while pinned.
+    Pinned = 2,
+}
+
+impl Priority {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Priority::Normal,
+            1 => Priority::High,
+            _ => Priority::Pinned,
+        }
+    }
+}
+
+const NO_PARENT: u64 = u64::MAX;
+
+pub(super) struct PageMeta {
+    key: [AtomicU64; 4],
+    parent: AtomicU64,
+    pub(super) children: AtomicU32,
+    valid_tokens: AtomicU32,
+    priority: AtomicU8,
+}
+
+impl PageMeta {
+    pub(super) fn new() -> Self {
+        Self {
+            key: [
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+            ],
+            parent: AtomicU64::new(NO_PARENT),
+            children: AtomicU32::new(0),
+            valid_tokens: AtomicU32::new(0),
+            priority: AtomicU8::new(0),
+        }
+    }
+
+    /// Records a freshly filled page's identity (the caller owns it).
+    pub(super) fn set(&self, key: &SliceKey, parent: Option<PageHandle>, valid_tokens: u32) {
+        self.key[0].store(key.block.0 as u64, Relaxed);
+        self.key[1].store((key.block.0 >> 64) as u64, Relaxed);
+        self.key[2].store(
+            u64::from(key.block_index) << 32 | u64::from(key.layer_group),
+            Relaxed,
+        );
+        self.key[3].store(u64::from(key.head_shard), Relaxed);
+        self.parent
+            .store(parent.map_or(NO_PARENT, pack_handle), Relaxed);
+        self.children.store(0, Relaxed);
+        self.valid_tokens.store(valid_tokens, Relaxed);
+        self.priority.store(Priority::Normal as u8, Relaxed);
+    }
+
+    pub(super) fn key(&self) -> SliceKey {
+        let lo = u128::from(self.key[0].load(Relaxed));
+        let hi = u128::from(self.key[1].load(Relaxed));
+        let w2 = self.key[2].load(Relaxed);
+        SliceKey {
+            block: BlockHash(hi << 64 | lo),
+            block_index: (w2 >> 32) as u32,
+            layer_group: w2 as u32,
+            head_shard: self.key[3].load(Relaxed) as u32,
+        }
+    }
+
+    pub(super) fn parent(&self) -> Option<PageHandle> {
+        match self.parent.load(Relaxed) {
+            NO_PARENT => None,
+            w => Some(PageHandle::from_parts(w as u32, (w >> 32) as u32)),
+        }
+    }
+
+    pub(super) fn valid_tokens(&self) -> u32 {
+        self.valid_tokens.load(Relaxed)
+    }
+
+    pub(super) fn priority(&self) -> Priority {
+        Priority::from_u8(self.priority.load(Relaxed))
+    }
+
+    pub(super) fn set_priority(&self, p: Priority) {
+        self.priority.store(p as u8, Relaxed);
+    }
+}
+
+fn pack_handle(h: PageHandle) -> u64 {
+    u64::from(h.generation()) << 32 | u64::from(h.id().0)
+}

@@ -1,0 +1,430 @@
+//! The cache store: the one façade a runtime uses.
+//!
+//! It joins a [`PagePool`] (memory and page lifecycles), a [`SliceMap`]
+//! (key → page) and an [`EvictionPolicy`] (which page goes first):
+//!
+//! - [`CacheStore::lookup_prefix`] takes references on the longest cached
+//!   prefix of a sequence's keys, stopping at the first miss; a page being
+//!   evicted is a miss, never a dangling hit;
+//! - [`CacheStore::allocate`] hands out pages to fill, evicting unreferenced
+//!   cached leaf pages when the pool is full, all or nothing;
+//! - [`CacheStore::publish`] makes a filled page findable; when two workers
+//!   publish one key, one page survives, the other goes back to the pool and
+//!   both callers hold the survivor;
+//! - references are released by dropping the [`PageRef`]s;
+//! - [`CacheStore::set_priority`] pins or favours pages (system prompts);
+//! - [`CacheStore::stats`] counts hits, misses and evictions in blocks and
+//!   tokens.
+//!
+//! Eviction never frees a referenced page (the pool refuses) and never a
+//! page whose child block is cached (leaf-first), so a cached block's whole
+//! prefix stays cached.
+
+mod meta;
+mod stats;
+
+use alloc::vec::Vec;
+
+use crossbeam_epoch::{Collector, Guard};
+
+pub use meta::Priority;
+pub use stats::StoreStats;
+
+use self::meta::PageMeta;
+use self::stats::{Count, Counters};
+use crate::error::{Error, Result};
+use crate::evict::{EvictPass, EvictionPolicy, PageEvent};
+use crate::key::SliceKey;
+use crate::layout::KvLayout;
+use crate::map::SliceMap;
+use crate::page::PageId;
+use crate::pool::{Evicting, Life, PageHandle, PageMut, PagePool, PageRef};
+use crate::sync::Ordering::Relaxed;
+
+/// A KV cache of pages addressed by [`SliceKey`].
+///
+/// ```
+/// use kvslice_core::{
+///     CacheStore, ClockPolicy, Coordinator, HashSecret, KvDtype, KvLayout, LayoutSpec, Request,
+/// };
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 2, 1, 8, 4, KvDtype::F16))?;
+/// let store = CacheStore::new(layout, 16, ClockPolicy::new(16))?;
+/// let coord = Coordinator::new(layout, HashSecret::from_bytes([1; 16]));
+/// let tokens: Vec<u32> = (0..12).collect();
+/// let plan = coord.plan(&Request::new(&tokens))?;
+/// let keys: Vec<_> = plan.keys_for(0, 0)?.collect();
+///
+/// let guard = store.pin();
+/// let mut held = Vec::new();
+/// assert_eq!(store.lookup_prefix(&keys, tokens.len(), &guard, &mut held)?, 0);
+/// // Fill the three missing blocks and publish them, each after its parent.
+/// for (i, page) in store.allocate(3, &guard)?.into_iter().enumerate() {
+///     let parent = held.last();
+///     let r = store.publish(page, keys[i], parent, 4, &guard)?;
+///     held.push(r);
+/// }
+/// drop(held); // release the references
+/// let mut again = Vec::new();
+/// assert_eq!(store.lookup_prefix(&keys, tokens.len(), &guard, &mut again)?, 3);
+/// assert_eq!(store.stats().hit_blocks, 3);
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub struct CacheStore<'m, E: EvictionPolicy> {
+    pool: PagePool<'m>,
+    map: SliceMap,
+    meta: alloc::boxed::Box<[PageMeta]>,
+    policy: E,
+    stats: Counters,
+}
+
+impl<E: EvictionPolicy> core::fmt::Debug for CacheStore<'_, E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CacheStore")
+            .field("pool", &self.pool)
+            .field("policy", &self.policy.name())
+            .field("stats", &self.stats.snapshot())
+            .finish()
+    }
+}
+
+#[cfg(feature = "std")]
+impl<E: EvictionPolicy> CacheStore<'static, E> {
+    /// A store of `capacity` pages on crossbeam-epoch's default collector;
+    /// get guards with [`CacheStore::pin`].
+    pub fn new(layout: KvLayout, capacity: u32, policy: E) -> Result<Self> {
+        Self::from_parts(
+            PagePool::new(layout, capacity)?,
+            policy,
+            crossbeam_epoch::default_collector().clone(),
+        )
+    }
+
+    /// A guard on the default collector, for this thread.
+    pub fn pin(&self) -> Guard {
+        crossbeam_epoch::pin()
+    }
+}
+
+impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
+    /// A store over `pool`, whose map reclaims through `collector` (each
+    /// thread registers with it and passes its pinned guards).
+    pub fn from_parts(pool: PagePool<'m>, policy: E, collector: Collector) -> Result<Self> {
+        let capacity = pool.capacity();
+        if policy.capacity() < capacity {
+            return Err(Error::ShapeMismatch {
+                what: "eviction policy capacity (pages)",
+                expected: u64::from(capacity),
+                actual: u64::from(policy.capacity()),
+            });
+        }
+        Ok(Self {
+            map: SliceMap::with_collector(capacity, collector),
+            meta: (0..capacity).map(|_| PageMeta::new()).collect(),
+            pool,
+            policy,
+            stats: Counters::default(),
+        })
+    }
+
+    /// The page pool (for page bytes, capacity and diagnostics).
+    pub fn pool(&self) -> &PagePool<'m> {
+        &self.pool
+    }
+
+    /// The key → page map.
+    pub fn map(&self) -> &SliceMap {
+        &self.map
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> &E {
+        &self.policy
+    }
+
+    /// The layout of every page.
+    pub fn layout(&self) -> &KvLayout {
+        self.pool.layout()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> StoreStats {
+        self.stats.snapshot()
+    }
+
+    fn meta(&self, page: PageId) -> &PageMeta {
+        &self.meta[page.0 as usize]
+    }
+
+    fn event(&self, page: PageId, key: &SliceKey) -> PageEvent {
+        PageEvent {
+            page,
+            fingerprint: fingerprint(key),
+            block_index: key.block_index,
+        }
+    }
+
+    /// Takes a reference on each page of the longest cached prefix of
+    /// `keys`, appending them to `out`, and returns how many. Stops at the
+    /// first key that is absent, or whose page is being filled or evicted.
+    /// `total_tokens` (the tokens `keys` cover) sizes the miss count in
+    /// tokens.
+    pub fn lookup_prefix<'s>(
+        &'s self,
+        keys: &[SliceKey],
+        total_tokens: usize,
+        guard: &Guard,
+        out: &mut Vec<PageRef<'s, 'm>>,
+    ) -> Result<usize> {
+        let spread = keys.first().map_or(0, fingerprint);
+        let mut hits = 0usize;
+        let mut hit_tokens = 0u64;
+        for key in keys {
+            let Some(handle) = self.map.get(key, guard)? else {
+                self.policy.on_miss(fingerprint(key));
+                break;
+            };
+            let Ok(page) = self.pool.try_acquire(handle) else {
+                break;
+            };
+            hit_tokens += u64::from(self.meta(handle.id()).valid_tokens());
+            self.policy.on_access(self.event(handle.id(), key));
+            out.push(page);
+            hits += 1;
+        }
+        self.stats.add(spread, Count::Lookups, 1);
+        self.stats.add(spread, Count::HitBlocks, hits as u64);
+        self.stats
+            .add(spread, Count::MissBlocks, (keys.len() - hits) as u64);
+        self.stats.add(spread, Count::HitTokens, hit_tokens);
+        self.stats.add(
+            spread,
+            Count::MissTokens,
+            (total_tokens as u64).saturating_sub(hit_tokens),
+        );
+        Ok(hits)
+    }
+
+    /// `n` pages to fill, all or nothing. Takes free pages first, then
+    /// evicts unreferenced cached pages in the policy's order. If even
+    /// eviction cannot supply `n`, every tentative eviction is undone and
+    /// the call fails with [`Error::CapacityExhausted`].
+    pub fn allocate<'s>(&'s self, n: u32, guard: &Guard) -> Result<Vec<PageMut<'s, 'm>>> {
+        self.map.check_guard(guard)?;
+        if let Ok(batch) = self.pool.alloc_many(n) {
+            return Ok(batch.collect());
+        }
+        let mut pages: Vec<PageMut<'s, 'm>> = Vec::with_capacity(n as usize);
+        while pages.len() < n as usize {
+            match self.pool.alloc() {
+                Ok(p) => pages.push(p),
+                Err(_) => break,
+            }
+        }
+        let mut victims: Vec<Evicting<'s, 'm>> = Vec::new();
+        while pages.len() + victims.len() < n as usize {
+            let mut taken = None;
+            let found = self.policy.evict_one(&mut |page, pass| match self
+                .try_begin_evict(page, pass)
+            {
+                Some(ev) => {
+                    taken = Some(ev);
+                    true
+                }
+                None => false,
+            });
+            match (found, taken) {
+                (Some(_), Some(ev)) => victims.push(ev),
+                _ => {
+                    // Not enough: put everything back as it was.
+                    for ev in victims {
+                        let page = ev.handle().id();
+                        let key = self.meta(page).key();
+                        ev.cancel();
+                        self.policy.on_insert(self.event(page, &key));
+                    }
+                    return Err(Error::CapacityExhausted(
+                        "cache store: every cached page is in use",
+                    ));
+                }
+            }
+        }
+        for ev in victims {
+            pages.push(self.commit_eviction(ev, guard)?);
+        }
+        Ok(pages)
+    }
+
+    /// Starts evicting `page` if it may go on this pass: cached,
+    /// unreferenced, no cached child, not pinned (nor high-priority on a
+    /// normal pass).
+    fn try_begin_evict(&self, page: PageId, pass: EvictPass) -> Option<Evicting<'_, 'm>> {
+        let info = self.pool.page_info(page).ok()?;
+        let meta = self.meta(page);
+        let allowed = |m: &PageMeta| {
+            m.children.load(Relaxed) == 0
+                && match m.priority() {
+                    Priority::Normal => true,
+                    Priority::High => pass == EvictPass::IncludeHigh,
+                    Priority::Pinned => false,
+                }
+        };
+        if info.life != Life::Cached || info.refs != 0 || !allowed(meta) {
+            return None;
+        }
+        let ev = self
+            .pool
+            .try_begin_evict(PageHandle::from_parts(page.0, info.generation))
+            .ok()?;
+        // Now nobody holds a reference, so children and priority are final.
+        if allowed(meta) {
+            Some(ev)
+        } else {
+            ev.cancel();
+            None
+        }
+    }
+
+    /// Removes an evicted page's key, detaches it from its parent and hands
+    /// the page back for refilling.
+    fn commit_eviction<'s>(
+        &'s self,
+        ev: Evicting<'s, 'm>,
+        guard: &Guard,
+    ) -> Result<PageMut<'s, 'm>> {
+        let handle = ev.handle();
+        let meta = self.meta(handle.id());
+        let key = meta.key();
+        // Usually removes the page's entry; a publisher that found this page
+        // Evicting may have replaced the entry already, and that is fine.
+        self.map.remove_if(&key, handle, guard)?;
+        if let Some(parent) = meta.parent() {
+            self.meta(parent.id()).children.fetch_sub(1, Relaxed);
+        }
+        let spread = fingerprint(&key);
+        self.stats.add(spread, Count::Evictions, 1);
+        self.stats
+            .add(spread, Count::EvictedTokens, u64::from(meta.valid_tokens()));
+        Ok(ev.refill())
+    }
+
+    /// Evicts up to `n` pages now (for trimming); returns how many went.
+    pub fn evict(&self, n: u32, guard: &Guard) -> Result<u32> {
+        self.map.check_guard(guard)?;
+        let mut done = 0;
+        while done < n {
+            let mut taken = None;
+            self.policy
+                .evict_one(&mut |page, pass| match self.try_begin_evict(page, pass) {
+                    Some(ev) => {
+                        taken = Some(ev);
+                        true
+                    }
+                    None => false,
+                });
+            let Some(ev) = taken else { break };
+            drop(self.commit_eviction(ev, guard)?);
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Makes a filled page findable under `key` and returns a reference to
+    /// the cached page for `key`: normally `page` itself; if another worker
+    /// published `key` first, theirs, and `page` goes back to the pool.
+    ///
+    /// `parent` is the reference the caller holds on the previous block of
+    /// the sequence (if any): while `page` is cached, the parent is not
+    /// evicted. `valid_tokens` is how many of the block's tokens `page`
+    /// holds.
+    pub fn publish<'s>(
+        &'s self,
+        page: PageMut<'s, 'm>,
+        key: SliceKey,
+        parent: Option<&PageRef<'s, 'm>>,
+        valid_tokens: u32,
+        guard: &Guard,
+    ) -> Result<PageRef<'s, 'm>> {
+        self.map.check_guard(guard)?;
+        let block_tokens = self.layout().block_tokens();
+        if valid_tokens == 0 || valid_tokens > block_tokens {
+            return Err(Error::OutOfRange {
+                what: "valid tokens of a published page",
+                index: u64::from(valid_tokens),
+                bound: u64::from(block_tokens) + 1,
+            });
+        }
+        if let Some(p) = parent {
+            if core::ptr::eq(p.pool(), &self.pool) {
+                self.meta(p.handle().id()).children.fetch_add(1, Relaxed);
+            } else {
+                return Err(Error::InvalidValue("parent page from another store"));
+            }
+        }
+        let id = page.handle().id();
+        self.meta(id)
+            .set(&key, parent.map(PageRef::handle), valid_tokens);
+        let ours = page.publish();
+        let spread = fingerprint(&key);
+        loop {
+            match self.map.insert(key, ours.handle(), guard)? {
+                None => {
+                    self.stats.add(spread, Count::Inserts, 1);
+                    self.policy.on_insert(self.event(id, &key));
+                    return Ok(ours);
+                }
+                Some(existing) => match self.pool.try_acquire(existing) {
+                    Ok(theirs) => {
+                        self.stats.add(spread, Count::Duplicates, 1);
+                        self.discard(ours);
+                        return Ok(theirs);
+                    }
+                    // Theirs is being evicted (or just was): clear its stale
+                    // entry, if still there, and try again.
+                    Err(_) => {
+                        self.map.remove_if(&key, existing, guard)?;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Frees a published page that never entered the map or the policy.
+    fn discard(&self, page: PageRef<'_, 'm>) {
+        let handle = page.handle();
+        drop(page);
+        let parent = self.meta(handle.id()).parent();
+        // Nobody else knows this page, so eviction cannot fail.
+        if self.pool.try_evict(handle).is_ok()
+            && let Some(parent) = parent
+        {
+            self.meta(parent.id()).children.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Sets the priority of the cached page for `key`; returns whether
+    /// `key` was cached.
+    pub fn set_priority(&self, key: &SliceKey, priority: Priority, guard: &Guard) -> Result<bool> {
+        let Some(handle) = self.map.get(key, guard)? else {
+            return Ok(false);
+        };
+        // Holding a reference while writing makes the write visible to any
+        // later evictor (which needs the references gone).
+        let Ok(page) = self.pool.try_acquire(handle) else {
+            return Ok(false);
+        };
+        self.meta(page.handle().id()).set_priority(priority);
+        Ok(true)
+    }
+
+    /// How many cached child blocks depend on `page` (diagnostics, tests).
+    pub fn children(&self, page: PageId) -> Result<u32> {
+        crate::error::check_index("page", page.0 as usize, self.meta.len())?;
+        Ok(self.meta(page).children.load(Relaxed))
+    }
+}
+
+/// A 64-bit summary of a key for policies and counter striping.
+fn fingerprint(key: &SliceKey) -> u64 {
+    (key.block.0 as u64) ^ (u64::from(key.layer_group) << 40) ^ (u64::from(key.head_shard) << 20)
+}

@@ -1,0 +1,127 @@
+//! The slice map against `std::collections::HashMap`, single-threaded and
+//! with threads.
+
+use std::collections::HashMap;
+
+use crossbeam_epoch::Collector;
+use kvslice_core::testkit::Rng;
+use kvslice_core::{
+    BlockHash, Error, KvDtype, KvLayout, LayoutSpec, PageHandle, PagePool, SliceKey, SliceMap,
+};
+
+fn key(i: u64) -> SliceKey {
+    SliceKey {
+        block: BlockHash(u128::from(i) * 0x9e37_79b9_7f4a_7c15),
+        block_index: (i % 7) as u32,
+        layer_group: 0,
+        head_shard: 0,
+    }
+}
+
+/// Distinct handles to use as values (any valid handle will do).
+fn handles(n: u32) -> (PagePool<'static>, Vec<PageHandle>) {
+    let pool = PagePool::new(
+        KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
+        n,
+    )
+    .unwrap();
+    let hs = pool.alloc_many(n).unwrap().map(|p| p.handle()).collect();
+    (pool, hs)
+}
+
+#[test]
+fn matches_a_hash_map() {
+    let (_pool, values) = handles(64);
+    for seed in 0..20 {
+        let mut rng = Rng::new(seed);
+        let map = SliceMap::with_collector(32, Collector::new());
+        let local = map.collector().register();
+        let mut model: HashMap<SliceKey, PageHandle> = HashMap::new();
+        for _ in 0..5000 {
+            let guard = local.pin();
+            let k = key(rng.below(48));
+            let v = values[rng.below(64) as usize];
+            match rng.below(4) {
+                0 => {
+                    let got = map.insert(k, v, &guard).unwrap();
+                    let want = model.get(&k).copied();
+                    if want.is_none() {
+                        model.insert(k, v);
+                    }
+                    assert_eq!(got, want);
+                }
+                1 => assert_eq!(map.remove(&k, &guard).unwrap(), model.remove(&k)),
+                2 => {
+                    let want = model.get(&k) == Some(&v);
+                    assert_eq!(map.remove_if(&k, v, &guard).unwrap(), want);
+                    if want {
+                        model.remove(&k);
+                    }
+                }
+                _ => assert_eq!(map.get(&k, &guard).unwrap(), model.get(&k).copied()),
+            }
+        }
+        let guard = local.pin();
+        assert_eq!(map.census(&guard).unwrap().entries, model.len());
+        for (k, v) in &model {
+            assert_eq!(map.get(k, &guard).unwrap(), Some(*v));
+        }
+    }
+}
+
+#[test]
+fn guards_from_another_collector_are_rejected() {
+    let map = SliceMap::with_collector(4, Collector::new());
+    let other = Collector::new().register();
+    let guard = other.pin();
+    assert!(matches!(
+        map.get(&key(1), &guard),
+        Err(Error::InvalidValue(_))
+    ));
+    let std_map = SliceMap::new(4);
+    assert_eq!(std_map.get(&key(1), &crossbeam_epoch::pin()).unwrap(), None);
+    assert!(std_map.get(&key(1), &guard).is_err());
+}
+
+#[test]
+fn threads_inserting_and_removing_disjoint_and_shared_keys() {
+    let (_pool, values) = handles(4);
+    let map = SliceMap::new(256);
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (map, values) = (&map, &values);
+            s.spawn(move || {
+                let mut rng = Rng::new(t);
+                for i in 0..200_000u64 {
+                    let guard = crossbeam_epoch::pin();
+                    // Own keys: exact expectations. Shared keys: only sanity.
+                    let own = key(1000 + t * 100 + i % 50);
+                    let mine = values[t as usize];
+                    assert_eq!(map.insert(own, mine, &guard).unwrap(), None);
+                    assert_eq!(map.get(&own, &guard).unwrap(), Some(mine));
+                    assert_eq!(map.remove(&own, &guard).unwrap(), Some(mine));
+                    let shared = key(rng.below(20));
+                    match rng.below(3) {
+                        0 => drop(map.insert(shared, values[2 + t as usize], &guard).unwrap()),
+                        1 => drop(map.remove(&shared, &guard).unwrap()),
+                        _ => {
+                            if let Some(v) = map.get(&shared, &guard).unwrap() {
+                                assert!(v == values[2] || v == values[3]);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let guard = crossbeam_epoch::pin();
+    let census = map.census(&guard).unwrap();
+    assert!(census.entries <= 20);
+    for i in 0..2 * 50 {
+        assert_eq!(
+            map.get(&key(1000 + (i / 50) * 100 + i % 50), &guard)
+                .unwrap(),
+            None
+        );
+    }
+}
