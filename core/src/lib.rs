@@ -34,6 +34,10 @@ extern crate std;
 /// The 16-bit float types K/V can be stored in.
 pub use half::{bf16, f16};
 
+/// The epoch-based reclamation crate the map uses: `Collector`, `Guard`,
+/// `LocalHandle` (and, with `std`, `pin`).
+pub use crossbeam_epoch as epoch;
+
 pub mod coordinator;
 pub mod engine;
 mod error;

@@ -3,7 +3,7 @@
 //! Run them exhaustively (within loom's preemption bound) with
 //!
 //! ```sh
-//! RUSTFLAGS="--cfg kvslice_loom" LOOM_MAX_PREEMPTIONS=3 \
+//! RUSTFLAGS="--cfg kvslice_loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS=3 \
 //!     cargo test --release -p kvslice-loom-tests --target-dir target/loom
 //! ```
 //!

@@ -21,6 +21,9 @@ pub(super) struct Node {
     key: SliceKey,
     value: PageHandle,
     next: Atomic<Node>,
+    /// Under loom, a tracked allocation: a node never freed fails the model.
+    #[cfg(kvslice_loom)]
+    _track: loom::alloc::Track<()>,
 }
 
 pub(super) struct Bucket {
@@ -107,6 +110,8 @@ impl Bucket {
             key,
             value,
             next: Atomic::null(),
+            #[cfg(kvslice_loom)]
+            _track: loom::alloc::Track::new(()),
         });
         loop {
             let head = self.head.load(Acquire, guard);

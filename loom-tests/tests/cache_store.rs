@@ -1,0 +1,174 @@
+//! loom models of the slice map and the cache store. Run with
+//! `--cfg kvslice_loom --cfg crossbeam_loom` so crossbeam-epoch's
+//! reclamation is explored too (see the crate docs).
+
+use kvslice_core::epoch::Collector;
+use kvslice_core::{
+    BlockHash, CacheStore, ClockPolicy, KvDtype, KvLayout, LayoutSpec, Life, PageId, PagePool, SliceKey, SliceMap,
+};
+use kvslice_loom_tests::{Arc, model, thread};
+
+fn key(i: u32) -> SliceKey {
+    SliceKey { block: BlockHash(u128::from(i) + 1), block_index: i, layer_group: 0, head_shard: 0 }
+}
+
+type Store = CacheStore<'static, ClockPolicy>;
+
+fn store(capacity: u32) -> Arc<Store> {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap();
+    let pool = PagePool::new(layout, capacity).unwrap();
+    Arc::new(CacheStore::from_parts(pool, ClockPolicy::new(capacity), Collector::new()).unwrap())
+}
+
+/// Publishes `key(0)` and releases it: one cached, unreferenced page.
+fn publish_one(store: &Store) {
+    let local = store.map().collector().register();
+    let guard = local.pin();
+    let mut page = store.allocate(1, &guard).unwrap().pop().unwrap();
+    page.bytes_mut()[0] = 42;
+    drop(store.publish(page, key(0), None, 1, &guard).unwrap());
+}
+
+/// `get` racing `remove` on one key, with epoch reclamation driven by the
+/// remover: the reader sees the value or nothing, never freed memory, and
+/// the removed node is freed exactly once (loom tracks the node's
+/// allocation, so a leak or a double free fails the model).
+#[test]
+fn map_get_races_remove() {
+    model(|| {
+        let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
+        let pool = PagePool::new(KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(), 1).unwrap();
+        let h = pool.alloc().unwrap().handle();
+        {
+            let local = map.collector().register();
+            assert_eq!(map.insert(key(0), h, &local.pin()).unwrap(), None);
+        }
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                let local = map.collector().register();
+                let guard = local.pin();
+                let got = map.get(&key(0), &guard).unwrap();
+                assert!(got.is_none() || got == Some(h));
+            })
+        };
+        let remover = {
+            let map = map.clone();
+            thread::spawn(move || {
+                let local = map.collector().register();
+                assert_eq!(map.remove(&key(0), &local.pin()).unwrap(), Some(h));
+                local.pin().flush();
+            })
+        };
+        reader.join().unwrap();
+        remover.join().unwrap();
+        let local = map.collector().register();
+        assert_eq!(map.get(&key(0), &local.pin()).unwrap(), None);
+    });
+}
+
+/// Two workers publish the same key: one page survives, the other goes back
+/// to the pool, and both end up holding the survivor.
+#[test]
+fn two_publishers_one_key() {
+    model(|| {
+        let store = store(2);
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let store = store.clone();
+                thread::spawn(move || {
+                    let local = store.map().collector().register();
+                    let guard = local.pin();
+                    let page = store.allocate(1, &guard).unwrap().pop().unwrap();
+                    let r = store.publish(page, key(0), None, 1, &guard).unwrap();
+                    r.handle()
+                })
+            })
+            .collect();
+        let handles: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert_eq!(handles[0], handles[1], "both hold the surviving page");
+        let stats = store.stats();
+        assert_eq!((stats.inserts, stats.duplicate_publishes), (1, 1));
+        let info = store.pool().page_info(handles[0].id()).unwrap();
+        assert_eq!((info.life, info.refs), (Life::Cached, 0));
+        assert_eq!(store.pool().free_pages(), 1, "the duplicate went back");
+    });
+}
+
+/// A lookup racing the eviction of the page it looks for: the lookup hits
+/// and holds a page that stays cached (same generation, same bytes) while
+/// held, or misses; the eviction succeeds only without the reference.
+#[test]
+fn lookup_races_eviction() {
+    model(|| {
+        let store = store(1);
+        publish_one(&store);
+        let reader = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                let guard = local.pin();
+                let mut held = Vec::new();
+                let hits = store.lookup_prefix(&[key(0)], 1, &guard, &mut held).unwrap();
+                for r in &held {
+                    let info = store.pool().page_info(r.handle().id()).unwrap();
+                    assert_eq!((info.life, info.generation), (Life::Cached, r.handle().generation()));
+                    assert_eq!(r.bytes()[0], 42);
+                }
+                hits
+            })
+        };
+        let evictor = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                store.evict(1, &local.pin()).unwrap()
+            })
+        };
+        let (hits, evicted) = (reader.join().unwrap(), evictor.join().unwrap());
+        assert!(hits + evicted as usize >= 1);
+        let info = store.pool().page_info(PageId(0)).unwrap();
+        assert_eq!(info.refs, 0);
+        assert_eq!(info.life == Life::Free, evicted == 1);
+    });
+}
+
+/// Releasing a reference racing an eviction of the same page: the eviction
+/// succeeds only if the release came first, and the page ends either free
+/// and unmapped or cached and mapped.
+#[test]
+fn release_races_eviction() {
+    model(|| {
+        let store = store(1);
+        publish_one(&store);
+        let token = {
+            let local = store.map().collector().register();
+            let mut held = Vec::new();
+            assert_eq!(store.lookup_prefix(&[key(0)], 1, &local.pin(), &mut held).unwrap(), 1);
+            held.pop().unwrap().into_token()
+        };
+        let releaser = {
+            let store = store.clone();
+            thread::spawn(move || store.pool().release(token).unwrap())
+        };
+        let evictor = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                store.evict(1, &local.pin()).unwrap()
+            })
+        };
+        releaser.join().unwrap();
+        let evicted = evictor.join().unwrap();
+        let local = store.map().collector().register();
+        let mapped = store.map().get(&key(0), &local.pin()).unwrap();
+        let info = store.pool().page_info(PageId(0)).unwrap();
+        assert_eq!(info.refs, 0);
+        if evicted == 1 {
+            assert_eq!((info.life, mapped), (Life::Free, None));
+        } else {
+            assert_eq!(info.life, Life::Cached);
+            assert!(mapped.is_some());
+        }
+    });
+}
