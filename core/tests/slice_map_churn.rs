@@ -1,5 +1,6 @@
 //! 10 million inserts and removes on a full map: neither memory nor chain
-//! lengths may grow. Live heap bytes are tracked by a counting allocator.
+//! lengths may grow; and gets never allocate. Live heap bytes and this
+//! thread's allocation calls are tracked by a counting allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
@@ -11,12 +12,17 @@ use kvslice_core::{
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+thread_local! {
+    static CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 struct Counting;
 
 // SAFETY: forwards to the system allocator unchanged; only counts bytes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as isize, Relaxed);
+        CALLS.with(|c| c.set(c.get() + 1));
         // SAFETY: same contract as ours, passed through.
         unsafe { System.alloc(layout) }
     }
@@ -91,4 +97,37 @@ fn ten_million_operations_stay_bounded() {
 
 fn rng_key(i: u64) -> u64 {
     Rng::new(i).next_u64()
+}
+
+#[test]
+fn gets_do_not_allocate() {
+    let pool = PagePool::new(
+        KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
+        1,
+    )
+    .unwrap();
+    let value = pool.alloc().unwrap().handle();
+    let map = SliceMap::new(1024);
+    let key = |i: u64| SliceKey {
+        block: BlockHash(u128::from(rng_key(i))),
+        block_index: 0,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    let guard = crossbeam_epoch::pin();
+    let start = CALLS.with(|c| c.get());
+    for i in 0..1024 {
+        map.insert(key(i), value, &guard).unwrap();
+    }
+    let before = CALLS.with(|c| c.get());
+    assert!(
+        before >= start + 1024,
+        "the counter sees the inserts' nodes"
+    );
+    let mut found = 0;
+    for i in 0..100_000u64 {
+        found += usize::from(map.get(&key(i % 2048), &guard).unwrap().is_some());
+    }
+    assert_eq!(CALLS.with(|c| c.get()), before, "a get allocated");
+    assert_eq!(found, (0..100_000u64).filter(|i| i % 2048 < 1024).count());
 }

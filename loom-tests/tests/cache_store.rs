@@ -4,12 +4,18 @@
 
 use kvslice_core::epoch::Collector;
 use kvslice_core::{
-    BlockHash, CacheStore, ClockPolicy, KvDtype, KvLayout, LayoutSpec, Life, PageId, PagePool, SliceKey, SliceMap,
+    BlockHash, CacheStore, ClockPolicy, KvDtype, KvLayout, LayoutSpec, Life, PageId, PagePool,
+    SliceKey, SliceMap,
 };
 use kvslice_loom_tests::{Arc, model, thread};
 
 fn key(i: u32) -> SliceKey {
-    SliceKey { block: BlockHash(u128::from(i) + 1), block_index: i, layer_group: 0, head_shard: 0 }
+    SliceKey {
+        block: BlockHash(u128::from(i) + 1),
+        block_index: i,
+        layer_group: 0,
+        head_shard: 0,
+    }
 }
 
 type Store = CacheStore<'static, ClockPolicy>;
@@ -37,7 +43,11 @@ fn publish_one(store: &Store) {
 fn map_get_races_remove() {
     model(|| {
         let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
-        let pool = PagePool::new(KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(), 1).unwrap();
+        let pool = PagePool::new(
+            KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
+            1,
+        )
+        .unwrap();
         let h = pool.alloc().unwrap().handle();
         {
             let local = map.collector().register();
@@ -109,10 +119,15 @@ fn lookup_races_eviction() {
                 let local = store.map().collector().register();
                 let guard = local.pin();
                 let mut held = Vec::new();
-                let hits = store.lookup_prefix(&[key(0)], 1, &guard, &mut held).unwrap();
+                let hits = store
+                    .lookup_prefix(&[key(0)], 1, &guard, &mut held)
+                    .unwrap();
                 for r in &held {
                     let info = store.pool().page_info(r.handle().id()).unwrap();
-                    assert_eq!((info.life, info.generation), (Life::Cached, r.handle().generation()));
+                    assert_eq!(
+                        (info.life, info.generation),
+                        (Life::Cached, r.handle().generation())
+                    );
                     assert_eq!(r.bytes()[0], 42);
                 }
                 hits
@@ -144,7 +159,12 @@ fn release_races_eviction() {
         let token = {
             let local = store.map().collector().register();
             let mut held = Vec::new();
-            assert_eq!(store.lookup_prefix(&[key(0)], 1, &local.pin(), &mut held).unwrap(), 1);
+            assert_eq!(
+                store
+                    .lookup_prefix(&[key(0)], 1, &local.pin(), &mut held)
+                    .unwrap(),
+                1
+            );
             held.pop().unwrap().into_token()
         };
         let releaser = {

@@ -63,8 +63,11 @@ impl EvictionPolicy for ClockPolicy {
     }
 
     fn on_access(&self, event: PageEvent) {
-        if let Some(s) = self.slot(event.page) {
-            // Only a tracked page gets its bit; an absent one stays absent.
+        // Only a tracked page gets its bit; an absent one stays absent. The
+        // plain load first keeps hits on hot pages free of read-modify-writes.
+        if let Some(s) = self.slot(event.page)
+            && s.load(Relaxed) == COLD
+        {
             let _ = s.compare_exchange(COLD, HOT, Relaxed, Relaxed);
         }
     }
