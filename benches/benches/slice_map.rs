@@ -93,7 +93,7 @@ impl Map for SliceMap {
     fn run(&self, n: u64, ops: u64, rng: &mut Rng, value: PageHandle) {
         let mut guard = kvslice_core::epoch::pin();
         for i in 0..ops {
-            if i % 1024 == 0 {
+            if i.is_multiple_of(1024) {
                 guard.repin();
             }
             match op(rng, n) {
@@ -121,7 +121,7 @@ impl Map for papaya::HashMap<SliceKey, PageHandle, BuildKeyHasher> {
     fn run(&self, n: u64, ops: u64, rng: &mut Rng, value: PageHandle) {
         let mut guard = self.guard();
         for i in 0..ops {
-            if i % 1024 == 0 {
+            if i.is_multiple_of(1024) {
                 drop(guard);
                 guard = self.guard();
             }

@@ -1,23 +1,101 @@
-//! `kvslice`: the project's command-line tool.
+//! `kvslice`: replay real prefix-cache traces through the store, sweep
+//! policies and capacities, serve a small model, or walk through a demo.
 //!
-//! Until trace replay lands, it runs a short demo: requests that share a
-//! system prompt go through the coordinator, a single-threaded prefix cache
-//! (a plain hash map standing in for the lock-free store) reports which
-//! blocks hit, the reference engine writes the missing K/V into pages, and
-//! decode attention runs over the shared pages.
+//! With no arguments it replays the repository's copy of the Mooncake
+//! conversation trace with the default policy and LRU at four capacities.
 
-use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use kvslice_core::{
-    AttentionBatch, AttentionEngine, Coordinator, HashSecret, KeyScope, KvDtype, KvLayout, KvWrite,
-    LayoutSpec, PageBuf, PageId, ReferenceEngine, Request, SeqAttention, SliceKey,
-};
+use clap::{Args, Parser, Subcommand};
+use kvslice_benches::policy::POLICIES;
+use kvslice_benches::replay::{ReplayConfig, ReplayReport, replay};
+use kvslice_benches::sweep;
+use kvslice_benches::trace::Trace;
 
-const POOL_PAGES: u32 = 64;
+const DEFAULT_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/conversation_trace.jsonl");
+
+#[derive(Parser)]
+#[command(
+    name = "kvslice",
+    version,
+    about = "KV-cache slicing: trace replay, policy sweeps, serving demo"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a Mooncake-format trace through the Coordinator and CacheStore (the default).
+    Replay(ReplayArgs),
+    /// Replay at many capacities and plot block hit ratio against capacity.
+    Sweep(SweepArgs),
+    /// Walk a few requests through the coordinator and the reference engine.
+    Demo,
+}
+
+#[derive(Args, Clone)]
+struct TraceArgs {
+    /// JSONL trace (Mooncake format). Default: the repository's conversation trace.
+    #[arg(long, default_value = DEFAULT_TRACE)]
+    trace: PathBuf,
+    /// Skip (and count) malformed lines instead of failing on the first.
+    #[arg(long)]
+    skip_bad_lines: bool,
+    /// Worker threads serving requests concurrently.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+#[derive(Args, Clone)]
+struct ReplayArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Cache capacity in 512-token blocks; a comma-separated list sweeps.
+    #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000,30000")]
+    capacity_blocks: Vec<u32>,
+    /// Eviction policies (comma-separated), or `all`.
+    #[arg(long, value_delimiter = ',', default_value = "default,lru")]
+    policy: Vec<String>,
+    /// One JSON object per (policy, capacity) on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Clone)]
+struct SweepArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Capacities to sweep, in blocks.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "500,1000,2000,3000,5000,10000,20000,30000,50000"
+    )]
+    capacity_blocks: Vec<u32>,
+    /// Policies to plot (comma-separated), or `all`.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    policy: Vec<String>,
+    /// Where to write the SVG plot.
+    #[arg(long, default_value = "kvslice-sweep.svg")]
+    out: PathBuf,
+}
 
 fn main() -> ExitCode {
-    match demo() {
+    let cli = Cli::parse();
+    let result = match cli
+        .command
+        .unwrap_or_else(|| Command::Replay(ReplayArgs::parse_from_defaults()))
+    {
+        Command::Replay(args) => run_replay(&args),
+        Command::Sweep(args) => run_sweep(&args),
+        Command::Demo => kvslice_benches::demo::demo().map_err(|e| e.to_string()),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kvslice: {e}");
@@ -26,145 +104,135 @@ fn main() -> ExitCode {
     }
 }
 
-/// Deterministic stand-in for a model's K/V projection of a token.
-fn project(token: u32, pos: usize, salt: u32, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let x =
-                (token as u64 * 2654435761 + pos as u64 * 40503 + (i as u64 + salt as u64) * 97)
-                    % 2001;
-            x as f32 / 1000.0 - 1.0
-        })
-        .collect()
+impl ReplayArgs {
+    fn parse_from_defaults() -> Self {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: ReplayArgs,
+        }
+        Only::parse_from(["kvslice"]).args
+    }
 }
 
-fn demo() -> Result<(), kvslice_core::Error> {
-    let layout = KvLayout::new(LayoutSpec::new(1, 4, 2, 16, 4, KvDtype::F16))?;
-    let coord = Coordinator::new(layout, HashSecret::from_bytes(*b"kvslice-demo-key"));
-    let engine = ReferenceEngine;
-    let mut pages = PageBuf::new(layout, POOL_PAGES)?;
-    let mut cache: HashMap<SliceKey, PageId> = HashMap::new();
-    let mut next_page = 0u32;
+fn load(args: &TraceArgs) -> Result<Trace, String> {
+    let file =
+        File::open(&args.trace).map_err(|e| format!("opening {}: {e}", args.trace.display()))?;
+    let trace = Trace::read(BufReader::new(file), args.skip_bad_lines)
+        .map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    if trace.skipped_lines > 0 {
+        eprintln!("kvslice: skipped {} malformed lines", trace.skipped_lines);
+    }
+    if trace.requests.is_empty() {
+        return Err(format!("{}: no requests", args.trace.display()));
+    }
+    Ok(trace)
+}
 
-    let system: Vec<u32> = (1000..1010).collect();
-    let users: [(&str, &[u8], &[u32]); 4] = [
-        ("alice", b"acme", &[1, 2, 3]),
-        ("bob", b"acme", &[7, 8, 9, 10, 11, 12]),
-        ("carol", b"acme", &[1, 2, 3]),
-        ("dave", b"globex", &[1, 2, 3]),
-    ];
-    println!(
-        "kvslice demo: layout 1 layer, 4 q heads / 2 kv heads, head_dim 16, {} tokens per page, f16",
-        layout.block_tokens()
-    );
-    println!(
-        "(trace replay and the lock-free store are not built yet; this is a single-threaded walk-through)\n"
-    );
+fn policies(names: &[String]) -> Result<Vec<String>, String> {
+    if names.iter().any(|n| n == "all") {
+        return Ok(POLICIES.iter().map(|s| s.to_string()).collect());
+    }
+    for n in names {
+        if !POLICIES.contains(&n.as_str()) {
+            return Err(format!(
+                "unknown policy {n:?}; known: {}, all",
+                POLICIES.join(", ")
+            ));
+        }
+    }
+    Ok(names.to_vec())
+}
 
-    let (mut hit_blocks, mut total_blocks) = (0usize, 0usize);
-    for (user, tenant, suffix) in users {
-        let tokens: Vec<u32> = system.iter().chain(suffix).copied().collect();
-        let scope = KeyScope {
-            salt: tenant,
-            adapter: None,
-        };
-        let plan = coord.plan(&Request::new(&tokens).with_scope(scope))?;
-        let keys: Vec<SliceKey> = plan.keys_for(0, 0)?.collect();
-        let hits = keys
-            .iter()
-            .take(plan.full_blocks())
-            .take_while(|k| cache.contains_key(k))
-            .count();
-
-        let mut table = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            let page = match cache.get(key) {
-                Some(&p) if i < hits => p,
-                _ => {
-                    let p = PageId(next_page);
-                    next_page += 1;
-                    p
-                }
+fn run_all(
+    trace: &Trace,
+    args: &TraceArgs,
+    policies: &[String],
+    capacities: &[u32],
+    progress: bool,
+) -> Result<Vec<ReplayReport>, String> {
+    let mut reports = Vec::new();
+    for p in policies {
+        for &c in capacities {
+            let cfg = ReplayConfig {
+                policy: p.clone(),
+                capacity_blocks: c,
+                threads: if p == "belady" { 1 } else { args.threads },
+                progress,
             };
-            table.push(page);
+            reports.push(replay(trace, &cfg).map_err(|e| format!("{p} at {c} blocks: {e}"))?);
         }
-        // Compute K/V only for the tokens after the cached prefix.
-        let start = hits * layout.block_tokens() as usize;
-        let row = (layout.num_kv_heads() * layout.head_dim()) as usize;
-        let k: Vec<f32> = tokens[start..]
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &t)| project(t, start + i, 0, row))
-            .collect();
-        let v: Vec<f32> = tokens[start..]
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &t)| project(t, start + i, 1, row))
-            .collect();
-        engine.write_kv(
-            &mut pages,
-            &KvWrite {
-                layer: 0,
-                shard: 0,
-                block_table: &table,
-                start,
-                k: &k,
-                v: &v,
-            },
-        )?;
-        for (key, page) in keys.iter().zip(&table).take(plan.full_blocks()) {
-            cache.entry(*key).or_insert(*page);
-        }
+    }
+    Ok(reports)
+}
 
-        let q = project(
-            tokens.len() as u32,
-            tokens.len(),
-            2,
-            (layout.num_q_heads() * layout.head_dim()) as usize,
-        );
-        let seqs = [SeqAttention {
-            block_table: &table,
-            kv_len: tokens.len(),
-            q_len: 1,
-        }];
-        let mut out = vec![0f32; q.len()];
-        let scale = 1.0 / (layout.head_dim() as f32).sqrt();
-        engine.attend(
-            &pages,
-            &AttentionBatch::new(0, 0, &seqs, &q, scale),
-            &mut out,
-        )?;
-
-        hit_blocks += hits;
-        total_blocks += keys.len();
-        println!(
-            "{user:>6} ({}) {} tokens → {} blocks, {hits} cached",
-            String::from_utf8_lossy(tenant),
-            tokens.len(),
-            keys.len()
-        );
-        for (b, key) in plan.blocks().iter().zip(&keys) {
-            let status = if (b.index as usize) < hits {
-                "hit "
-            } else {
-                "miss"
-            };
-            println!(
-                "         block {} [{status}] key {}…  valid {}/{}",
-                b.index,
-                &key.block.to_string()[..12],
-                b.valid_tokens,
-                layout.block_tokens()
-            );
+fn run_replay(args: &ReplayArgs) -> Result<(), String> {
+    let policies = policies(&args.policy)?;
+    let trace = load(&args.trace)?;
+    let reports = run_all(
+        &trace,
+        &args.trace,
+        &policies,
+        &args.capacity_blocks,
+        !args.json,
+    )?;
+    if args.json {
+        for r in &reports {
+            println!("{}", r.to_json());
         }
-        println!(
-            "         decode output head 0: [{:.4}, {:.4}, {:.4}, …]\n",
-            out[0], out[1], out[2]
-        );
+        return Ok(());
     }
     println!(
-        "blocks: {total_blocks}, hits: {hit_blocks} ({:.0}%), pages used: {next_page} of {POOL_PAGES}",
-        100.0 * hit_blocks as f64 / total_blocks as f64
+        "trace {}: {} requests, {} block lookups ({} threads)\n",
+        args.trace.trace.display(),
+        trace.requests.len(),
+        trace.blocks(),
+        args.trace.threads
     );
+    print!("{}", sweep::table(&reports));
+    print_ratios(&reports);
+    Ok(())
+}
+
+/// "default vs lru" block hit ratios, when both ran.
+fn print_ratios(reports: &[ReplayReport]) {
+    let find = |p: &str, c: u32| {
+        reports
+            .iter()
+            .find(|r| r.policy == p && r.capacity_blocks == c)
+    };
+    let mut lines = Vec::new();
+    for r in reports.iter().filter(|r| r.policy == "default") {
+        if let Some(l) = find("lru", r.capacity_blocks) {
+            lines.push(format!(
+                "  {:>6} blocks: {:.2}x",
+                r.capacity_blocks,
+                r.block_hit_ratio / l.block_hit_ratio.max(f64::MIN_POSITIVE)
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        println!("\ndefault / lru block hit ratio:\n{}", lines.join("\n"));
+    }
+}
+
+fn run_sweep(args: &SweepArgs) -> Result<(), String> {
+    let policies = policies(&args.policy)?;
+    let trace = load(&args.trace)?;
+    let reports = run_all(&trace, &args.trace, &policies, &args.capacity_blocks, true)?;
+    print!("{}", sweep::table(&reports));
+    print_ratios(&reports);
+    let name = args
+        .trace
+        .trace
+        .file_stem()
+        .map_or("trace".into(), |s| s.to_string_lossy().into_owned());
+    sweep::plot(
+        &reports,
+        &format!("block hit ratio vs capacity: {name}"),
+        &args.out,
+    )
+    .map_err(|e| format!("plotting: {e}"))?;
+    println!("\nplot written to {}", args.out.display());
     Ok(())
 }

@@ -154,6 +154,55 @@ impl Coordinator {
         Ok(out)
     }
 
+    /// A plan for a sequence whose blocks are already identified by content
+    /// hashes computed elsewhere (a trace's block ids, another system's
+    /// block hashes): block `i` is keyed by `ids[i]` as its extra key,
+    /// chained under `scope` like any other block. `total_tokens` sets the
+    /// blocks' valid tokens (every block full but possibly the last).
+    ///
+    /// ```
+    /// use kvslice_core::{Coordinator, HashSecret, KeyScope, KvDtype, KvLayout, LayoutSpec};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 512, KvDtype::F16))?;
+    /// let coord = Coordinator::new(layout, HashSecret::from_bytes([0; 16]));
+    /// let a = coord.plan_block_ids(&KeyScope::default(), &[0, 1, 2], 1100)?;
+    /// let b = coord.plan_block_ids(&KeyScope::default(), &[0, 1, 9], 1536)?;
+    /// assert_eq!(a.blocks()[..2], b.blocks()[..2]);
+    /// assert_eq!(a.blocks()[2].valid_tokens, 1100 - 1024);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn plan_block_ids(
+        &self,
+        scope: &KeyScope<'_>,
+        ids: &[u64],
+        total_tokens: usize,
+    ) -> Result<SlicePlan> {
+        let bt = self.layout.block_tokens() as usize;
+        if ids.is_empty() || total_tokens.div_ceil(bt) != ids.len() {
+            return Err(Error::ShapeMismatch {
+                what: "block ids (one per block of total_tokens)",
+                expected: total_tokens.div_ceil(bt) as u64,
+                actual: ids.len() as u64,
+            });
+        }
+        let _ = u32::try_from(ids.len()).map_err(|_| Error::Overflow("block index"))?;
+        let mut prev = self.root(scope);
+        let mut blocks = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            let valid = (total_tokens - i * bt).min(bt) as u32;
+            let block = BlockRef {
+                hash: self
+                    .hasher
+                    .link(prev, i as u32, &[], Some(u128::from(id)), true),
+                index: i as u32,
+                valid_tokens: valid,
+            };
+            prev = block.hash;
+            blocks.push(block);
+        }
+        Ok(SlicePlan::new(&self.layout, blocks))
+    }
+
     /// Canonical plan for `req`: the blocks its range touches, with their
     /// chained hashes and valid token counts.
     ///

@@ -36,6 +36,18 @@ impl List {
         self.present[i as usize] = false;
     }
 
+    fn push_back(&mut self, i: u32) {
+        self.next[i as usize] = NIL;
+        self.prev[i as usize] = self.tail;
+        if self.tail == NIL {
+            self.head = i
+        } else {
+            self.next[self.tail as usize] = i
+        }
+        self.tail = i;
+        self.present[i as usize] = true;
+    }
+
     fn push_front(&mut self, i: u32) {
         self.prev[i as usize] = NIL;
         self.next[i as usize] = self.head;
@@ -51,6 +63,11 @@ impl List {
 
 /// Least recently inserted-or-hit goes first. Every event takes the lock,
 /// so this is the reference policy to compare against, not the fast one.
+///
+/// Only leaves are listed: a page that gains a cached child leaves the list
+/// and comes back at the least-recent end when its last child goes (it was
+/// used before its children, so that is its place). Eviction then never
+/// walks past parents.
 ///
 /// ```
 /// use kvslice_core::{EvictPass, EvictionPolicy, LruPolicy, PageEvent, PageId};
@@ -115,6 +132,26 @@ impl EvictionPolicy for LruPolicy {
         if list.present[i as usize] {
             list.unlink(i);
             list.push_front(i);
+        }
+    }
+
+    fn on_became_parent(&self, event: PageEvent) {
+        let i = event.page.0;
+        if i < self.capacity {
+            let mut list = self.list.lock();
+            if list.present[i as usize] {
+                list.unlink(i);
+            }
+        }
+    }
+
+    fn on_became_leaf(&self, event: PageEvent) {
+        let i = event.page.0;
+        if i < self.capacity {
+            let mut list = self.list.lock();
+            if !list.present[i as usize] {
+                list.push_back(i);
+            }
         }
     }
 

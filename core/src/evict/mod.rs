@@ -59,9 +59,50 @@ pub trait EvictionPolicy: Send + Sync {
         let _ = fingerprint;
     }
 
+    /// `event.page` gained its first cached child, so the store will not
+    /// evict it until that child goes. A hint: policies may stop offering
+    /// it (ignored by default).
+    fn on_became_parent(&self, event: PageEvent) {
+        let _ = event;
+    }
+
+    /// `event.page` lost its last cached child and can be evicted again. Its
+    /// last use is older than its children's, so under recency it is next in
+    /// line (ignored by default).
+    fn on_became_leaf(&self, event: PageEvent) {
+        let _ = event;
+    }
+
     /// Offers pages to `try_evict` in eviction order until it accepts one,
     /// forgets that page and returns it; `None` if no tracked page is
     /// accepted. Must offer every tracked page with
     /// [`EvictPass::IncludeHigh`] before giving up.
     fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId>;
+}
+
+impl<P: EvictionPolicy + ?Sized> EvictionPolicy for alloc::boxed::Box<P> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn capacity(&self) -> u32 {
+        (**self).capacity()
+    }
+    fn on_insert(&self, event: PageEvent) {
+        (**self).on_insert(event)
+    }
+    fn on_access(&self, event: PageEvent) {
+        (**self).on_access(event)
+    }
+    fn on_miss(&self, fingerprint: u64) {
+        (**self).on_miss(fingerprint)
+    }
+    fn on_became_parent(&self, event: PageEvent) {
+        (**self).on_became_parent(event)
+    }
+    fn on_became_leaf(&self, event: PageEvent) {
+        (**self).on_became_leaf(event)
+    }
+    fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId> {
+        (**self).evict_one(try_evict)
+    }
 }

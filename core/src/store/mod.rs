@@ -25,6 +25,8 @@ mod stats;
 
 use alloc::vec::Vec;
 
+use hashbrown::HashMap;
+
 use crossbeam_epoch::{Collector, Guard};
 
 pub use meta::Priority;
@@ -206,9 +208,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     }
 
     /// `n` pages to fill, all or nothing. Takes free pages first, then
-    /// evicts unreferenced cached pages in the policy's order. If even
-    /// eviction cannot supply `n`, every tentative eviction is undone and
-    /// the call fails with [`Error::CapacityExhausted`].
+    /// evicts unreferenced cached pages in the policy's order, leaves first
+    /// (a block whose children are all being evicted by this call becomes a
+    /// leaf for it). Evictions stay tentative until `n` pages are found; if
+    /// they cannot be, every one is undone and the call fails with
+    /// [`Error::CapacityExhausted`].
     pub fn allocate<'s>(&'s self, n: u32, guard: &Guard) -> Result<Vec<PageMut<'s, 'm>>> {
         self.map.check_guard(guard)?;
         if let Ok(batch) = self.pool.alloc_many(n) {
@@ -222,47 +226,69 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             }
         }
         let mut victims: Vec<Evicting<'s, 'm>> = Vec::new();
+        // Children of each page that this call is evicting.
+        let mut pending: HashMap<u32, u32> = HashMap::new();
         while pages.len() + victims.len() < n as usize {
             let mut taken = None;
-            let found = self.policy.evict_one(&mut |page, pass| match self
-                .try_begin_evict(page, pass)
-            {
-                Some(ev) => {
-                    taken = Some(ev);
-                    true
-                }
-                None => false,
+            self.policy.evict_one(&mut |page, pass| {
+                let going = pending.get(&page.0).copied().unwrap_or(0);
+                taken = self.try_begin_evict(page, pass, going);
+                taken.is_some()
             });
-            match (found, taken) {
-                (Some(_), Some(ev)) => victims.push(ev),
-                _ => {
-                    // Not enough: put everything back as it was.
-                    for ev in victims {
-                        let page = ev.handle().id();
-                        let key = self.meta(page).key();
-                        ev.cancel();
-                        self.policy.on_insert(self.event(page, &key));
+            let Some(ev) = taken else {
+                // Not enough: put everything back as it was.
+                for ev in victims.into_iter().rev() {
+                    let page = ev.handle().id();
+                    let meta = self.meta(page);
+                    if let Some(parent) = meta.parent()
+                        && pending.get(&parent.id().0)
+                            == Some(&self.meta(parent.id()).children.load(Relaxed))
+                    {
+                        let pm = self.meta(parent.id());
+                        self.policy
+                            .on_became_parent(self.event(parent.id(), &pm.key()));
                     }
-                    return Err(Error::CapacityExhausted(
-                        "cache store: every cached page is in use",
-                    ));
+                    let key = meta.key();
+                    ev.cancel();
+                    self.policy.on_insert(self.event(page, &key));
+                }
+                return Err(Error::CapacityExhausted(
+                    "cache store: every cached page is in use",
+                ));
+            };
+            if let Some(parent) = self.meta(ev.handle().id()).parent() {
+                let going = pending.entry(parent.id().0).or_default();
+                *going += 1;
+                // All its children are going: to this call the parent is a
+                // leaf now, so the policy may offer it.
+                let pm = self.meta(parent.id());
+                if *going == pm.children.load(Relaxed) {
+                    self.policy
+                        .on_became_leaf(self.event(parent.id(), &pm.key()));
                 }
             }
+            victims.push(ev);
         }
         for ev in victims {
-            pages.push(self.commit_eviction(ev, guard)?);
+            // Parents that became leaves were announced above.
+            pages.push(self.commit_eviction(ev, false, guard)?);
         }
         Ok(pages)
     }
 
     /// Starts evicting `page` if it may go on this pass: cached,
-    /// unreferenced, no cached child, not pinned (nor high-priority on a
-    /// normal pass).
-    fn try_begin_evict(&self, page: PageId, pass: EvictPass) -> Option<Evicting<'_, 'm>> {
+    /// unreferenced, no cached child other than `going` ones this caller is
+    /// already evicting, not pinned (nor high-priority on a normal pass).
+    fn try_begin_evict(
+        &self,
+        page: PageId,
+        pass: EvictPass,
+        going: u32,
+    ) -> Option<Evicting<'_, 'm>> {
         let info = self.pool.page_info(page).ok()?;
         let meta = self.meta(page);
         let allowed = |m: &PageMeta| {
-            m.children.load(Relaxed) == 0
+            m.children.load(Relaxed) == going
                 && match m.priority() {
                     Priority::Normal => true,
                     Priority::High => pass == EvictPass::IncludeHigh,
@@ -285,11 +311,13 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         }
     }
 
-    /// Removes an evicted page's key, detaches it from its parent and hands
-    /// the page back for refilling.
+    /// Removes an evicted page's key, detaches it from its parent (telling
+    /// the policy if the parent became a leaf, when `notify_parent`) and
+    /// hands the page back for refilling.
     fn commit_eviction<'s>(
         &'s self,
         ev: Evicting<'s, 'm>,
+        notify_parent: bool,
         guard: &Guard,
     ) -> Result<PageMut<'s, 'm>> {
         let handle = ev.handle();
@@ -299,7 +327,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         // Evicting may have replaced the entry already, and that is fine.
         self.map.remove_if(&key, handle, guard)?;
         if let Some(parent) = meta.parent() {
-            self.meta(parent.id()).children.fetch_sub(1, Relaxed);
+            self.detach_child(parent, notify_parent);
         }
         let spread = fingerprint(&key);
         self.stats.add(spread, Count::Evictions, 1);
@@ -308,22 +336,26 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         Ok(ev.refill())
     }
 
+    fn detach_child(&self, parent: PageHandle, notify: bool) {
+        let pm = self.meta(parent.id());
+        if pm.children.fetch_sub(1, Relaxed) == 1 && notify {
+            self.policy
+                .on_became_leaf(self.event(parent.id(), &pm.key()));
+        }
+    }
+
     /// Evicts up to `n` pages now (for trimming); returns how many went.
     pub fn evict(&self, n: u32, guard: &Guard) -> Result<u32> {
         self.map.check_guard(guard)?;
         let mut done = 0;
         while done < n {
             let mut taken = None;
-            self.policy
-                .evict_one(&mut |page, pass| match self.try_begin_evict(page, pass) {
-                    Some(ev) => {
-                        taken = Some(ev);
-                        true
-                    }
-                    None => false,
-                });
+            self.policy.evict_one(&mut |page, pass| {
+                taken = self.try_begin_evict(page, pass, 0);
+                taken.is_some()
+            });
             let Some(ev) = taken else { break };
-            drop(self.commit_eviction(ev, guard)?);
+            drop(self.commit_eviction(ev, true, guard)?);
             done += 1;
         }
         Ok(done)
@@ -355,10 +387,13 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             });
         }
         if let Some(p) = parent {
-            if core::ptr::eq(p.pool(), &self.pool) {
-                self.meta(p.handle().id()).children.fetch_add(1, Relaxed);
-            } else {
+            if !core::ptr::eq(p.pool(), &self.pool) {
                 return Err(Error::InvalidValue("parent page from another store"));
+            }
+            let pm = self.meta(p.handle().id());
+            if pm.children.fetch_add(1, Relaxed) == 0 {
+                self.policy
+                    .on_became_parent(self.event(p.handle().id(), &pm.key()));
             }
         }
         let id = page.handle().id();
@@ -376,6 +411,8 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 Some(existing) => match self.pool.try_acquire(existing) {
                     Ok(theirs) => {
                         self.stats.add(spread, Count::Duplicates, 1);
+                        self.policy
+                            .on_access(self.event(theirs.handle().id(), &key));
                         self.discard(ours);
                         return Ok(theirs);
                     }
@@ -398,7 +435,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         if self.pool.try_evict(handle).is_ok()
             && let Some(parent) = parent
         {
-            self.meta(parent.id()).children.fetch_sub(1, Relaxed);
+            self.detach_child(parent, true);
         }
     }
 
@@ -424,7 +461,16 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     }
 }
 
-/// A 64-bit summary of a key for policies and counter striping.
-fn fingerprint(key: &SliceKey) -> u64 {
+/// The 64-bit summary of a key that policies receive as
+/// [`PageEvent::fingerprint`] (also used to stripe counters). Offline tools
+/// use it to relate policy events to keys they know.
+///
+/// ```
+/// use kvslice_core::{BlockHash, SliceKey, store::fingerprint};
+///
+/// let k = SliceKey { block: BlockHash(5), block_index: 0, layer_group: 0, head_shard: 0 };
+/// assert_eq!(fingerprint(&k), 5);
+/// ```
+pub fn fingerprint(key: &SliceKey) -> u64 {
     (key.block.0 as u64) ^ (u64::from(key.layer_group) << 40) ^ (u64::from(key.head_shard) << 20)
 }

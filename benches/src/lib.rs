@@ -1,0 +1,8 @@
+//! The `kvslice` tool's library: trace parsing, replay through the real
+//! store, eviction policies by name, sweeps with plots, and the demo.
+
+pub mod demo;
+pub mod policy;
+pub mod replay;
+pub mod sweep;
+pub mod trace;

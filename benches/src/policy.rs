@@ -1,0 +1,131 @@
+//! Eviction policies by name, and the offline Belady oracle.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+use kvslice_core::{ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, PageId};
+
+/// Every policy the binary can run. `default` is the store's default.
+pub const POLICIES: [&str; 4] = ["default", "lru", "clock", "belady"];
+
+/// An online policy by name (`belady` needs the future: see [`Belady`]).
+pub fn online(name: &str, capacity: u32) -> Option<Box<dyn EvictionPolicy>> {
+    Some(match name {
+        "default" | "clock" => Box::new(ClockPolicy::new(capacity)),
+        "lru" => Box::new(LruPolicy::new(capacity)),
+        _ => return None,
+    })
+}
+
+/// Belady's MIN: evicts the page whose key is next used farthest in the
+/// future. Offline (it is given the whole schedule), single-threaded, for
+/// reference only. Blocks of the request being served have their next use
+/// "now", so they are never chosen.
+pub struct Belady {
+    capacity: u32,
+    /// Request indices at which each key fingerprint is looked up, sorted.
+    uses: HashMap<u64, Vec<u32>>,
+    now: AtomicU32,
+    state: Mutex<OracleState>,
+}
+
+struct OracleState {
+    /// Fingerprint and entry stamp of each tracked page.
+    pages: Vec<Option<(u64, u64)>>,
+    /// (next use, page, stamp): max-heap, stale entries skipped lazily.
+    heap: BinaryHeap<(u32, u32, u64)>,
+    stamp: u64,
+}
+
+impl Belady {
+    /// An oracle for `schedule`: per request, the fingerprints it looks up.
+    pub fn new(
+        capacity: u32,
+        schedule: impl IntoIterator<Item = impl IntoIterator<Item = u64>>,
+    ) -> Self {
+        let mut uses: HashMap<u64, Vec<u32>> = HashMap::new();
+        for (t, fps) in schedule.into_iter().enumerate() {
+            for fp in fps {
+                uses.entry(fp).or_default().push(t as u32);
+            }
+        }
+        Self {
+            capacity,
+            uses,
+            now: AtomicU32::new(0),
+            state: Mutex::new(OracleState {
+                pages: vec![None; capacity as usize],
+                heap: BinaryHeap::new(),
+                stamp: 0,
+            }),
+        }
+    }
+
+    /// Tells the oracle which request is being served.
+    pub fn set_now(&self, request: u32) {
+        self.now.store(request, Relaxed);
+    }
+
+    fn next_use(&self, fp: u64) -> u32 {
+        let now = self.now.load(Relaxed);
+        let Some(times) = self.uses.get(&fp) else {
+            return u32::MAX;
+        };
+        let i = times.partition_point(|&t| t < now);
+        times.get(i).copied().unwrap_or(u32::MAX)
+    }
+
+    fn track(&self, event: PageEvent) {
+        let next = self.next_use(event.fingerprint);
+        let mut s = self.state.lock().unwrap();
+        s.stamp += 1;
+        let stamp = s.stamp;
+        if let Some(slot) = s.pages.get_mut(event.page.0 as usize) {
+            *slot = Some((event.fingerprint, stamp));
+            s.heap.push((next, event.page.0, stamp));
+        }
+    }
+}
+
+impl EvictionPolicy for Belady {
+    fn name(&self) -> &'static str {
+        "belady"
+    }
+    fn capacity(&self) -> u32 {
+        self.capacity
+    }
+    fn on_insert(&self, event: PageEvent) {
+        self.track(event);
+    }
+    fn on_access(&self, event: PageEvent) {
+        self.track(event);
+    }
+    fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId> {
+        let mut s = self.state.lock().unwrap();
+        let mut refused = Vec::new();
+        let mut found = None;
+        while let Some((next, page, stamp)) = s.heap.pop() {
+            let Some((fp, current)) = s.pages[page as usize] else {
+                continue;
+            };
+            if current != stamp {
+                continue;
+            }
+            // Time moved on since this entry was pushed: refresh it.
+            let fresh = self.next_use(fp);
+            if fresh != next {
+                s.heap.push((fresh, page, stamp));
+                continue;
+            }
+            if try_evict(PageId(page), EvictPass::IncludeHigh) {
+                s.pages[page as usize] = None;
+                found = Some(PageId(page));
+                break;
+            }
+            refused.push((next, page, stamp));
+        }
+        s.heap.extend(refused);
+        found
+    }
+}

@@ -1,0 +1,285 @@
+//! Replaying a trace through the real Coordinator and CacheStore.
+//!
+//! Requests run in timestamp order. Each request's block ids become slice
+//! keys through [`Coordinator::plan_block_ids`]; its cached prefix is looked
+//! up (taking references), the missing blocks are allocated (evicting as
+//! needed) and published, and its references are released when it is done.
+//! A request whose missing blocks cannot get pages (more blocks than the
+//! cache holds) keeps its hits, counts the rest as misses and caches
+//! nothing.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kvslice_core::store::fingerprint;
+use kvslice_core::{
+    CacheStore, Coordinator, Error, EvictionPolicy, HashSecret, KeyScope, KvDtype, KvLayout,
+    LayoutSpec, SliceKey,
+};
+
+use crate::policy::{self, Belady};
+use crate::trace::{TRACE_BLOCK_TOKENS, Trace};
+
+/// What to replay with.
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    /// Policy name (see [`policy::POLICIES`]).
+    pub policy: String,
+    /// Cache capacity in blocks (pages).
+    pub capacity_blocks: u32,
+    /// Worker threads serving requests concurrently.
+    pub threads: usize,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// One replay's results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayReport {
+    /// Policy name.
+    pub policy: String,
+    /// Cache capacity in blocks.
+    pub capacity_blocks: u32,
+    /// Requests replayed.
+    pub requests: u64,
+    /// Block lookups (every block of every request).
+    pub blocks: u64,
+    /// Blocks found cached (prefix semantics: a request's hits stop at its
+    /// first miss).
+    pub hit_blocks: u64,
+    /// `hit_blocks / blocks`.
+    pub block_hit_ratio: f64,
+    /// Cached prompt tokens over all prompt tokens.
+    pub token_hit_ratio: f64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Requests whose missing blocks could not get pages (more blocks than
+    /// the cache holds, or every page referenced by concurrent requests):
+    /// counted as misses, nothing cached.
+    pub uncached_requests: u64,
+    /// Block lookups per second of replay wall time.
+    pub lookups_per_sec: f64,
+    /// Median `lookup_prefix` latency per request, microseconds.
+    pub p50_lookup_us: f64,
+    /// 99th percentile `lookup_prefix` latency per request, microseconds.
+    pub p99_lookup_us: f64,
+    /// Replay wall time, seconds.
+    pub seconds: f64,
+}
+
+impl ReplayReport {
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "policy": self.policy,
+            "capacity_blocks": self.capacity_blocks,
+            "requests": self.requests,
+            "blocks": self.blocks,
+            "hit_blocks": self.hit_blocks,
+            "block_hit_ratio": self.block_hit_ratio,
+            "token_hit_ratio": self.token_hit_ratio,
+            "evictions": self.evictions,
+            "uncached_requests": self.uncached_requests,
+            "lookups_per_sec": self.lookups_per_sec,
+            "p50_lookup_us": self.p50_lookup_us,
+            "p99_lookup_us": self.p99_lookup_us,
+            "seconds": self.seconds,
+        })
+    }
+}
+
+/// The keys of every request, derived once per replay.
+struct Keys {
+    per_request: Vec<Vec<SliceKey>>,
+}
+
+fn keys(trace: &Trace, layout: KvLayout) -> Result<Keys, Error> {
+    let coord = Coordinator::new(layout, HashSecret::from_bytes(*b"kvslice-replay!!"));
+    let scope = KeyScope::default();
+    let per_request = trace
+        .requests
+        .iter()
+        .map(|r| {
+            let plan = coord.plan_block_ids(&scope, &r.hash_ids, r.input_length as usize)?;
+            Ok(plan.keys_for(0, 0)?.collect())
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(Keys { per_request })
+}
+
+/// Replays `trace` with `cfg`.
+pub fn replay(trace: &Trace, cfg: &ReplayConfig) -> Result<ReplayReport, Error> {
+    if cfg.capacity_blocks == 0 {
+        return Err(Error::InvalidValue("capacity must be at least one block"));
+    }
+    if cfg.threads == 0 {
+        return Err(Error::InvalidValue("threads must be at least 1"));
+    }
+    // Pages carry metadata only here; the smallest page of 512 tokens.
+    let layout = KvLayout::new(LayoutSpec::new(
+        1,
+        1,
+        1,
+        1,
+        TRACE_BLOCK_TOKENS,
+        KvDtype::F16,
+    ))?;
+    let started = Instant::now();
+    let keys = keys(trace, layout)?;
+    if cfg.policy == "belady" {
+        if cfg.threads != 1 {
+            return Err(Error::InvalidValue(
+                "belady is an offline oracle: run it with --threads 1",
+            ));
+        }
+        let oracle = Belady::new(
+            cfg.capacity_blocks,
+            keys.per_request.iter().map(|ks| ks.iter().map(fingerprint)),
+        );
+        let store = CacheStore::new(layout, cfg.capacity_blocks, oracle)?;
+        return run(
+            trace,
+            cfg,
+            &keys,
+            &store,
+            |t| store.policy().set_now(t),
+            started,
+        );
+    }
+    let policy = policy::online(&cfg.policy, cfg.capacity_blocks).ok_or(Error::InvalidValue(
+        "unknown policy (see --help for the list)",
+    ))?;
+    let store = CacheStore::new(layout, cfg.capacity_blocks, policy)?;
+    run(trace, cfg, &keys, &store, |_| {}, started)
+}
+
+fn run<E: EvictionPolicy>(
+    trace: &Trace,
+    cfg: &ReplayConfig,
+    keys: &Keys,
+    store: &CacheStore<'static, E>,
+    before_request: impl Fn(u32) + Sync,
+    started: Instant,
+) -> Result<ReplayReport, Error> {
+    let n = trace.requests.len();
+    let bar = if cfg.progress {
+        let bar = ProgressBar::new(n as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:>18} [{bar:30}] {pos}/{len} requests ({per_sec}, eta {eta})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_message(format!("{} @ {}", cfg.policy, cfg.capacity_blocks));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let next = AtomicUsize::new(0);
+    let uncached = AtomicU64::new(0);
+    let latencies = Mutex::new(Vec::with_capacity(n));
+    let failure: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..cfg.threads {
+            s.spawn(|| {
+                let mut lat = Vec::new();
+                let mut held = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    if let Err(e) = serve(
+                        store,
+                        trace.requests[i].input_length,
+                        &keys.per_request[i],
+                        i as u32,
+                        &before_request,
+                        &mut held,
+                        &mut lat,
+                        &uncached,
+                    ) {
+                        *failure.lock().unwrap() = Some(e);
+                        next.store(n, Relaxed);
+                        break;
+                    }
+                    if i.is_multiple_of(256) {
+                        bar.set_position(i as u64);
+                    }
+                }
+                latencies.lock().unwrap().extend(lat);
+            });
+        }
+    });
+    bar.finish_and_clear();
+    if let Some(e) = failure.into_inner().unwrap() {
+        return Err(e);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = store.stats();
+    let mut lat = latencies.into_inner().unwrap();
+    lat.sort_unstable();
+    let pct = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |ns| *ns as f64 / 1e3)
+    };
+    let blocks = trace.blocks();
+    let tokens: u64 = trace.requests.iter().map(|r| r.input_length).sum();
+    Ok(ReplayReport {
+        policy: cfg.policy.clone(),
+        capacity_blocks: cfg.capacity_blocks,
+        requests: n as u64,
+        blocks,
+        hit_blocks: stats.hit_blocks,
+        block_hit_ratio: stats.hit_blocks as f64 / blocks.max(1) as f64,
+        token_hit_ratio: stats.hit_tokens as f64 / tokens.max(1) as f64,
+        evictions: stats.evictions,
+        uncached_requests: uncached.load(Relaxed),
+        lookups_per_sec: blocks as f64 / seconds,
+        p50_lookup_us: pct(0.5),
+        p99_lookup_us: pct(0.99),
+        seconds,
+    })
+}
+
+/// Serves one request: lookup, allocate, publish, release.
+#[allow(clippy::too_many_arguments)]
+fn serve<'s, E: EvictionPolicy>(
+    store: &'s CacheStore<'static, E>,
+    input_length: u64,
+    keys: &[SliceKey],
+    index: u32,
+    before_request: &impl Fn(u32),
+    held: &mut Vec<kvslice_core::PageRef<'s, 'static>>,
+    lat: &mut Vec<u64>,
+    uncached: &AtomicU64,
+) -> Result<(), Error> {
+    before_request(index);
+    let guard = store.pin();
+    let t0 = Instant::now();
+    let hits = store.lookup_prefix(keys, input_length as usize, &guard, held)?;
+    lat.push(t0.elapsed().as_nanos() as u64);
+    let missing = (keys.len() - hits) as u32;
+    if missing > 0 {
+        match store.allocate(missing, &guard) {
+            Ok(pages) => {
+                let bt = u64::from(TRACE_BLOCK_TOKENS);
+                for (key, page) in keys[hits..].iter().zip(pages) {
+                    let start = u64::from(key.block_index) * bt;
+                    let valid = (input_length - start).min(bt) as u32;
+                    let r = store.publish(page, *key, held.last(), valid, &guard)?;
+                    held.push(r);
+                }
+            }
+            Err(Error::CapacityExhausted(_)) => {
+                uncached.fetch_add(1, Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    held.clear();
+    Ok(())
+}
