@@ -109,6 +109,29 @@ pub fn parse_line(text: &str, line: u64) -> Result<TraceRequest, Error> {
     })
 }
 
+/// Fuzz harness: arbitrary bytes into the parser, line by line and as a
+/// whole trace. A value or an error, never a panic; what parses is
+/// consistent.
+pub fn fuzz_trace_line(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Ok(r) = parse_line(&text, 1) {
+        assert!(r.input_length > 0);
+        assert_eq!(
+            r.input_length.div_ceil(u64::from(TRACE_BLOCK_TOKENS)),
+            r.hash_ids.len() as u64
+        );
+    }
+    for skip in [false, true] {
+        if let Ok(t) = Trace::read(data, skip) {
+            assert!(
+                t.requests
+                    .windows(2)
+                    .all(|w| w[0].timestamp <= w[1].timestamp)
+            );
+        }
+    }
+}
+
 /// A parsed trace, requests in timestamp order (stable for ties).
 #[derive(Debug, Clone, Default)]
 pub struct Trace {

@@ -42,6 +42,8 @@ pub mod coordinator;
 pub mod engine;
 mod error;
 pub mod evict;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod key;
 pub mod layout;
 pub mod map;
@@ -56,7 +58,7 @@ pub mod testkit;
 pub use coordinator::{BlockRef, Coordinator, Request, SlicePlan};
 pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, SeqAttention};
 pub use error::{Error, Result};
-pub use evict::{ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent};
+pub use evict::{ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, TinyLfuPolicy};
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
 pub use map::{MapCensus, SliceMap};

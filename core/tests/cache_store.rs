@@ -1,12 +1,10 @@
 //! The cache store: prefix lookups, dedup on publish, eviction rules,
-//! all-or-nothing allocation, stats, and random operation sequences
-//! checked against a model.
+//! all-or-nothing allocation and stats. Random operation sequences with
+//! full invariant checks run through `kvslice_core::fuzzing::cache_store`
+//! (see `fuzz_corpus.rs`).
 
-use std::collections::{HashMap, HashSet};
-
-use kvslice_core::testkit::Rng;
 use kvslice_core::{
-    BlockHash, CacheStore, ClockPolicy, Error, EvictionPolicy, KvDtype, KvLayout, LayoutSpec, Life,
+    BlockHash, CacheStore, ClockPolicy, Error, EvictionPolicy, KvDtype, KvLayout, LayoutSpec,
     LruPolicy, PageId, PageRef, Priority, SliceKey,
 };
 
@@ -208,120 +206,4 @@ fn bad_input_is_an_error_and_changes_nothing() {
     let other = crossbeam_epoch::Collector::new().register();
     assert!(store.allocate(1, &other.pin()).is_err());
     assert!(CacheStore::new(layout(), 4, LruPolicy::new(3)).is_err());
-}
-
-/// Random serve/release/pin/evict sequences; after every step: no page is
-/// lost, every referenced page is cached and mapped, every map entry names a
-/// cached page, and children counts match the cached parent links.
-#[test]
-fn random_operations_keep_the_invariants() {
-    const CAP: u32 = 12;
-    for seed in 0..60 {
-        let mut rng = Rng::new(seed);
-        let store = CacheStore::new(layout(), CAP, ClockPolicy::new(CAP)).unwrap();
-        let mut requests: Vec<(Vec<SliceKey>, Vec<PageRef<'_, 'static>>)> = Vec::new();
-        let mut ever: HashSet<SliceKey> = HashSet::new();
-        for _ in 0..400 {
-            match rng.below(5) {
-                0..=1 => {
-                    // Sequences share prefixes: 3 roots, random depth.
-                    let keys = chain(rng.below(3), 1 + rng.below(5) as u32);
-                    match serve(&store, &keys) {
-                        Ok(held) => {
-                            assert_eq!(held.len(), keys.len());
-                            ever.extend(keys.iter().copied());
-                            requests.push((keys, held));
-                        }
-                        Err(e) => assert!(matches!(e, Error::CapacityExhausted(_)), "{e:?}"),
-                    }
-                }
-                2 if !requests.is_empty() => {
-                    drop(requests.swap_remove(rng.below(requests.len() as u64) as usize))
-                }
-                3 => {
-                    let guard = store.pin();
-                    let _ = store.evict(1 + rng.below(3) as u32, &guard).unwrap();
-                }
-                _ => {
-                    let guard = store.pin();
-                    let key = chain(rng.below(3), 5)[rng.below(5) as usize];
-                    let p =
-                        [Priority::Normal, Priority::High, Priority::Pinned][rng.below(3) as usize];
-                    let _ = store.set_priority(&key, p, &guard).unwrap();
-                }
-            }
-            check(&store, &requests, &ever);
-        }
-        drop(requests);
-        check(&store, &[], &ever);
-    }
-}
-
-fn check<E: EvictionPolicy>(
-    store: &CacheStore<'static, E>,
-    requests: &[(Vec<SliceKey>, Vec<PageRef<'_, 'static>>)],
-    ever: &HashSet<SliceKey>,
-) {
-    let guard = store.pin();
-    let cap = store.pool().capacity();
-    let mut refs = vec![0u32; cap as usize];
-    for (keys, held) in requests {
-        for (k, r) in keys.iter().zip(held) {
-            refs[r.handle().id().0 as usize] += 1;
-            // A referenced page stays cached and findable under its key.
-            let info = store.pool().page_info(r.handle().id()).unwrap();
-            assert_eq!(
-                (info.life, info.generation),
-                (Life::Cached, r.handle().generation())
-            );
-            assert_eq!(store.map().get(k, &guard).unwrap(), Some(r.handle()));
-        }
-    }
-    let mut mapped: HashMap<PageId, SliceKey> = HashMap::new();
-    for k in ever {
-        if let Some(h) = store.map().get(k, &guard).unwrap() {
-            let info = store.pool().page_info(h.id()).unwrap();
-            assert_eq!(
-                (info.life, info.generation),
-                (Life::Cached, h.generation()),
-                "map entry names a cached page"
-            );
-            assert!(mapped.insert(h.id(), *k).is_none(), "two keys share a page");
-        }
-    }
-    let mut children = vec![0u32; cap as usize];
-    for key in mapped.values() {
-        if key.block_index > 0 {
-            let parent = SliceKey {
-                block_index: key.block_index - 1,
-                block: BlockHash(key.block.0 - 1),
-                ..*key
-            };
-            let ph = store
-                .map()
-                .get(&parent, &guard)
-                .unwrap()
-                .expect("a cached block's parent is cached");
-            children[ph.id().0 as usize] += 1;
-        }
-    }
-    for i in 0..cap {
-        let info = store.pool().page_info(PageId(i)).unwrap();
-        assert_eq!(info.refs, refs[i as usize], "page {i} references");
-        match info.life {
-            Life::Free => assert!(!mapped.contains_key(&PageId(i))),
-            Life::Cached => assert!(
-                mapped.contains_key(&PageId(i)),
-                "cached page {i} is mapped (no page lost)"
-            ),
-            other => panic!("page {i} left {other:?}"),
-        }
-        if info.life == Life::Cached {
-            assert_eq!(
-                store.children(PageId(i)).unwrap(),
-                children[i as usize],
-                "page {i} children"
-            );
-        }
-    }
 }

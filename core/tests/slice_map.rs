@@ -1,7 +1,6 @@
-//! The slice map against `std::collections::HashMap`, single-threaded and
-//! with threads.
-
-use std::collections::HashMap;
+//! The slice map with threads and foreign guards. Operation sequences
+//! against a `HashMap` model run through `kvslice_core::fuzzing::slice_map`
+//! (see `fuzz_corpus.rs`).
 
 use crossbeam_epoch::Collector;
 use kvslice_core::testkit::Rng;
@@ -27,46 +26,6 @@ fn handles(n: u32) -> (PagePool<'static>, Vec<PageHandle>) {
     .unwrap();
     let hs = pool.alloc_many(n).unwrap().map(|p| p.handle()).collect();
     (pool, hs)
-}
-
-#[test]
-fn matches_a_hash_map() {
-    let (_pool, values) = handles(64);
-    for seed in 0..20 {
-        let mut rng = Rng::new(seed);
-        let map = SliceMap::with_collector(32, Collector::new());
-        let local = map.collector().register();
-        let mut model: HashMap<SliceKey, PageHandle> = HashMap::new();
-        for _ in 0..5000 {
-            let guard = local.pin();
-            let k = key(rng.below(48));
-            let v = values[rng.below(64) as usize];
-            match rng.below(4) {
-                0 => {
-                    let got = map.insert(k, v, &guard).unwrap();
-                    let want = model.get(&k).copied();
-                    if want.is_none() {
-                        model.insert(k, v);
-                    }
-                    assert_eq!(got, want);
-                }
-                1 => assert_eq!(map.remove(&k, &guard).unwrap(), model.remove(&k)),
-                2 => {
-                    let want = model.get(&k) == Some(&v);
-                    assert_eq!(map.remove_if(&k, v, &guard).unwrap(), want);
-                    if want {
-                        model.remove(&k);
-                    }
-                }
-                _ => assert_eq!(map.get(&k, &guard).unwrap(), model.get(&k).copied()),
-            }
-        }
-        let guard = local.pin();
-        assert_eq!(map.census(&guard).unwrap().entries, model.len());
-        for (k, v) in &model {
-            assert_eq!(map.get(k, &guard).unwrap(), Some(*v));
-        }
-    }
 }
 
 #[test]

@@ -12,9 +12,13 @@
 
 mod clock;
 mod lru;
+mod segments;
+mod sketch;
+mod tinylfu;
 
 pub use clock::ClockPolicy;
 pub use lru::LruPolicy;
+pub use tinylfu::TinyLfuPolicy;
 
 use crate::page::PageId;
 

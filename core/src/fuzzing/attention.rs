@@ -1,0 +1,97 @@
+//! Arbitrary small shapes, page sizes and contents through the reference
+//! engine, against dense f64 attention; non-finite input is a typed error
+//! that leaves pages untouched.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use arbitrary::Unstructured;
+
+use super::small;
+use crate::testkit::{Scenario, max_rel_err};
+use crate::{
+    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, KvWrite, LayoutSpec, PageMemory,
+    ReferenceEngine,
+};
+
+/// Runs one attention case.
+pub fn attention(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let kv = small(&mut u, 1, 3);
+    let ratio = small(&mut u, 1, 3);
+    let dtype = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16][small(&mut u, 0, 2) as usize];
+    let spec = LayoutSpec::new(
+        small(&mut u, 1, 2),
+        kv * ratio,
+        kv,
+        small(&mut u, 1, 16),
+        small(&mut u, 1, 9),
+        dtype,
+    )
+    .with_head_shards(small(&mut u, 1, kv));
+    let layout = KvLayout::new(spec).expect("valid by construction");
+    let seqs: Vec<(usize, usize)> = (0..small(&mut u, 1, 3))
+        .map(|_| {
+            let kv_len = small(&mut u, 1, 24) as usize;
+            (kv_len, small(&mut u, 1, kv_len as u32) as usize)
+        })
+        .collect();
+    let mut rng = crate::testkit::Rng::new(u.arbitrary().unwrap_or(0));
+    let mut sc = Scenario::random(layout, &seqs, &mut rng).expect("scenario fits");
+    let layer = small(&mut u, 0, layout.num_layers() - 1);
+    let shard = small(&mut u, 0, layout.num_head_shards() - 1);
+    let mut q = sc.random_queries(shard, &mut rng).expect("shard in range");
+    // Input-chosen query values, bounded so no intermediate can overflow.
+    for x in q.iter_mut() {
+        if let Ok(v) = u.arbitrary::<i16>() {
+            *x = f32::from(v) / 4096.0;
+        }
+    }
+    let table = sc.seq_attention(layer, shard).expect("in range");
+    let scale = 1.0 / (layout.head_dim() as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    ReferenceEngine
+        .attend(
+            &sc.pages,
+            &AttentionBatch::new(layer, shard, &table, &q, scale),
+            &mut out,
+        )
+        .expect("valid batch");
+    assert!(
+        out.iter().all(|x| x.is_finite()),
+        "NaN or inf from finite input"
+    );
+    let want = sc.naive_f64(layer, shard, &q, scale).expect("in range");
+    let err = max_rel_err(&out, &want);
+    assert!(err <= 1e-4, "relative error {err:e}");
+
+    // Non-finite queries and K/V are typed errors; pages stay as they were.
+    if let Some(x) = q.first_mut() {
+        *x = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][small(&mut u, 0, 2) as usize];
+        let r = ReferenceEngine.attend(
+            &sc.pages,
+            &AttentionBatch::new(layer, shard, &table, &q, scale),
+            &mut out,
+        );
+        assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+    }
+    let before = sc.pages.bytes().to_vec();
+    let heads = layout.head_shard(shard).expect("in range").num_kv_heads() as usize;
+    let mut k = vec![0.5f32; heads * layout.head_dim() as usize];
+    k[0] = f32::NAN;
+    let block_table = sc.seqs[0].tables[0].clone();
+    let w = KvWrite {
+        layer: 0,
+        shard,
+        block_table: &block_table,
+        start: 0,
+        k: &k,
+        v: &k,
+    };
+    assert!(matches!(
+        ReferenceEngine.write_kv(&mut sc.pages, &w),
+        Err(Error::InvalidValue(_))
+    ));
+    assert_eq!(sc.pages.bytes(), &before[..]);
+    let _ = sc.pages.num_pages();
+}

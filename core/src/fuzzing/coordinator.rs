@@ -1,0 +1,136 @@
+//! Arbitrary layouts, token sequences, salts and ranges through the
+//! coordinator: invalid input gives errors, valid input gives canonical keys.
+
+use alloc::vec::Vec;
+
+use arbitrary::Unstructured;
+use std::collections::HashSet;
+
+use super::small;
+use crate::{
+    Coordinator, Error, HashSecret, KeyScope, KvDtype, KvLayout, LayerGrouping, LayoutSpec,
+    Request, SliceKey,
+};
+
+/// Runs one coordinator case. Panics if a key is not canonical.
+pub fn coordinator(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let dtype = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16][small(&mut u, 0, 2) as usize];
+    let grouping = match small(&mut u, 0, 2) {
+        0 => LayerGrouping::AllLayers,
+        1 => LayerGrouping::PerLayer,
+        _ => LayerGrouping::Groups(small(&mut u, 0, 5)),
+    };
+    let spec = LayoutSpec::new(
+        small(&mut u, 0, 6),
+        small(&mut u, 0, 12),
+        small(&mut u, 0, 6),
+        small(&mut u, 0, 32),
+        small(&mut u, 0, 40),
+        dtype,
+    )
+    .with_grouping(grouping)
+    .with_head_shards(small(&mut u, 0, 4));
+    let layout = match KvLayout::new(spec) {
+        Ok(l) => l,
+        Err(e) => {
+            assert!(
+                matches!(e, Error::InvalidLayout(_) | Error::Overflow(_)),
+                "{e:?}"
+            );
+            return;
+        }
+    };
+    let secret = HashSecret::from_bytes(u.arbitrary().unwrap_or([0; 16]));
+    let coord = Coordinator::new(layout, secret);
+    let n = small(&mut u, 0, 200) as usize;
+    let tokens: Vec<u32> = (0..n)
+        .map(|_| u.arbitrary::<u16>().unwrap_or(0) as u32 % 64)
+        .collect();
+    let salt: Vec<u8> = (0..small(&mut u, 0, 8))
+        .map(|_| u.arbitrary().unwrap_or(0))
+        .collect();
+    let adapter: Option<u64> = u.arbitrary().unwrap_or(None);
+    let scope = KeyScope {
+        salt: &salt,
+        adapter,
+    };
+    let start = small(&mut u, 0, n as u32 + 2) as usize;
+    let end = small(&mut u, 0, n as u32 + 2) as usize;
+    let bt = layout.block_tokens() as usize;
+    let extras: Vec<Option<u128>> = (0..small(&mut u, 0, 6))
+        .map(|_| u.arbitrary::<Option<u8>>().unwrap_or(None).map(u128::from))
+        .collect();
+    let req = Request::new(&tokens)
+        .with_scope(scope)
+        .with_range(start..end)
+        .with_block_extras(&extras);
+
+    let valid = start < end && end <= n && extras.len() <= n.div_ceil(bt);
+    let plan = match coord.plan(&req) {
+        Ok(p) => p,
+        Err(e) => {
+            assert!(!valid, "valid request rejected: {e:?}");
+            return;
+        }
+    };
+    assert!(
+        valid,
+        "invalid request accepted: {start}..{end} of {n}, {} extras",
+        extras.len()
+    );
+
+    // Canonical: the blocks touched, keyed exactly as in the whole-sequence
+    // plan, whatever the range inside them.
+    let whole = coord
+        .plan(&req.clone().with_range(0..n))
+        .expect("whole sequence plans");
+    let first = start / bt;
+    assert_eq!(plan.blocks(), &whole.blocks()[first..end.div_ceil(bt)]);
+    let widened = coord
+        .plan(
+            &req.clone()
+                .with_range(first * bt..(end.div_ceil(bt) * bt).min(n)),
+        )
+        .expect("widened range plans");
+    assert_eq!(widened, plan);
+    assert_eq!(
+        Coordinator::new(layout, secret).plan(&req).ok(),
+        Some(plan.clone()),
+        "deterministic"
+    );
+    for b in plan.blocks() {
+        let len = (n - b.index as usize * bt).min(bt);
+        assert_eq!(b.valid_tokens as usize, len);
+    }
+    // Pages: distinct, and each (group, shard) worker's keys are its own.
+    let all: Vec<SliceKey> = plan.slice_keys().collect();
+    let distinct: HashSet<SliceKey> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len());
+    let mut covered = 0;
+    for g in 0..layout.num_layer_groups() {
+        for s in 0..layout.num_head_shards() {
+            covered += plan
+                .keys_for(g, s)
+                .expect("in range")
+                .filter(|k| distinct.contains(k))
+                .count();
+        }
+    }
+    assert_eq!(covered, all.len());
+    // A partial tail never shares a full block's key.
+    if let Some(last) = whole.blocks().last()
+        && (last.valid_tokens as usize) < bt
+    {
+        let mut padded = tokens.clone();
+        padded.resize(n.div_ceil(bt) * bt, 0);
+        let full = coord
+            .plan(
+                &Request::new(&padded)
+                    .with_scope(scope)
+                    .with_block_extras(&extras),
+            )
+            .expect("plans");
+        assert!(full.blocks().iter().all(|b| b.hash != last.hash));
+    }
+}
