@@ -290,3 +290,90 @@ pub fn all_close(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> bool {
             .zip(want)
             .all(|(g, w)| (*g as f64 - w).abs() <= atol + rtol * w.abs())
 }
+
+/// Tolerances of the shared accuracy suite, per storage dtype, as
+/// `(atol, rtol)`; f32 is held to a relative error in the max norm instead.
+pub fn tolerance(dtype: crate::KvDtype) -> (f64, f64) {
+    match dtype {
+        crate::KvDtype::F32 => (0.0, 1e-5),
+        crate::KvDtype::F16 => (1e-3, 1e-3),
+        crate::KvDtype::Bf16 => (1e-3, 1.6e-2),
+    }
+}
+
+/// The accuracy suite every backend runs: random inputs (never zeros) over
+/// many shapes, page sizes 1, 16, 64 and 7, all three dtypes, decode and
+/// causal prefill, compared with the [`ReferenceEngine`](crate::ReferenceEngine)
+/// on the same pages (so both read the same rounded K/V). f32 must match to
+/// 1e-5 relative error; f16 to atol 1e-3, rtol 1e-3; bf16 to atol 1e-3,
+/// rtol 1.6e-2 (vLLM's tolerances). NaN never passes. Returns the number of
+/// comparisons made; panics with the case on a mismatch.
+pub fn accuracy_suite<E: crate::AttentionEngine<PageBuf>>(engine: &E) -> usize {
+    use crate::{
+        AttentionBatch, AttentionEngine, KvDtype, LayerGrouping, LayoutSpec, ReferenceEngine,
+    };
+    // (layers, q heads, kv heads, head_dim, grouping, shards)
+    let shapes: [(u32, u32, u32, u32, LayerGrouping, u32); 5] = [
+        (1, 1, 1, 8, LayerGrouping::AllLayers, 1),
+        (2, 4, 4, 16, LayerGrouping::PerLayer, 1),
+        (2, 8, 2, 64, LayerGrouping::AllLayers, 1),
+        (1, 12, 4, 32, LayerGrouping::AllLayers, 3),
+        (1, 32, 8, 128, LayerGrouping::AllLayers, 1),
+    ];
+    let workloads: [&[(usize, usize)]; 3] = [
+        &[(1, 1), (37, 1), (130, 1), (300, 1)], // decode
+        &[(20, 20), (45, 13), (70, 64)],        // prefill, some after a cached prefix
+        &[(9, 1), (33, 17), (200, 1)],          // mixed
+    ];
+    let mut rng = Rng::new(0x5eed);
+    let mut checks = 0;
+    for (si, &(layers, qh, kvh, hd, grouping, shards)) in shapes.iter().enumerate() {
+        for bt in [1u32, 16, 64, 7] {
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                let layout = KvLayout::new(
+                    LayoutSpec::new(layers, qh, kvh, hd, bt, dtype)
+                        .with_grouping(grouping)
+                        .with_head_shards(shards),
+                )
+                .expect("valid suite layout");
+                let seqs = workloads[(si + bt as usize) % workloads.len()];
+                let sc = Scenario::random(layout, seqs, &mut rng).expect("scenario");
+                let scale = 1.0 / libm::sqrtf(hd as f32);
+                for layer in 0..layers {
+                    for shard in 0..shards {
+                        let q = sc.random_queries(shard, &mut rng).expect("queries");
+                        let table = sc.seq_attention(layer, shard).expect("tables");
+                        let batch = AttentionBatch::new(layer, shard, &table, &q, scale);
+                        let mut want = vec![0f32; q.len()];
+                        ReferenceEngine
+                            .attend(&sc.pages, &batch, &mut want)
+                            .expect("reference");
+                        let mut got = vec![f32::NAN; q.len()];
+                        engine
+                            .attend(&sc.pages, &batch, &mut got)
+                            .expect("engine accepts a valid batch");
+                        let want64: Vec<f64> = want.iter().map(|&x| f64::from(x)).collect();
+                        let case = alloc::format!(
+                            "shape {si} bt {bt} {dtype:?} layer {layer} shard {shard}"
+                        );
+                        match dtype {
+                            KvDtype::F32 => {
+                                let err = max_rel_err(&got, &want64);
+                                assert!(err <= 1e-5, "{case}: relative error {err:e}");
+                            }
+                            _ => {
+                                let (atol, rtol) = tolerance(dtype);
+                                assert!(
+                                    all_close(&got, &want64, atol, rtol),
+                                    "{case}: not within atol {atol}, rtol {rtol}"
+                                );
+                            }
+                        }
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    checks
+}

@@ -1,4 +1,20 @@
-//! kvslice-cpu: the CPU SIMD attention backend.
+//! kvslice-cpu: paged attention on the CPU.
 //!
-//! Not implemented yet: this crate holds its place in the workspace and
-//! exports nothing. Until it lands, use `kvslice_core::ReferenceEngine`.
+//! [`CpuEngine`] implements [`kvslice_core::AttentionEngine`] for any
+//! [`kvslice_core::PageMemoryMut`]: decode and causal prefill over block
+//! tables, GQA, K/V stored as f32, f16 or bf16 and widened on load, f32
+//! accumulation with an online softmax, and split-K across threads for long
+//! contexts. The inner loops are chosen at run time ([`Kernels::detect`]):
+//! AVX2 + FMA + F16C on x86-64, else a portable scalar version. Every input
+//! check runs before any compute (`AttentionBatch::validate`).
+//!
+//! Not here yet: an AVX-512 path and a NEON path (neither can be tested on
+//! the machines this project builds on; the scalar kernels run there).
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod engine;
+mod kernels;
+
+pub use engine::CpuEngine;
+pub use kernels::Kernels;

@@ -1,0 +1,312 @@
+//! The CPU engine: blockwise online softmax over paged K/V, GQA-grouped,
+//! split across threads by context chunks and merged by log-sum-exp.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use kvslice_core::{
+    AttentionBatch, AttentionEngine, BatchShape, Error, KvPart, KvWrite, PageMemory, PageMemoryMut,
+    Result, write_kv,
+};
+
+use crate::kernels::Kernels;
+
+/// Paged attention on the CPU with SIMD kernels and threads.
+///
+/// Per sequence and kv head it widens each page's K and V rows to f32 once
+/// and uses them for every query head of the GQA group and every query
+/// token, with an online (streaming) softmax. Long contexts are cut into
+/// chunks of pages that threads compute independently; the partial
+/// `(max, sum, output)` triples are merged by log-sum-exp, as in vLLM's
+/// paged attention v2 and flash-decoding.
+///
+/// ```
+/// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+/// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec};
+/// use kvslice_cpu::CpuEngine;
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 8, 2, 64, 16, KvDtype::F16))?;
+/// let mut rng = Rng::new(1);
+/// let sc = Scenario::random(layout, &[(100, 1), (40, 1)], &mut rng)?;
+/// let q = sc.random_queries(0, &mut rng)?;
+/// let seqs = sc.seq_attention(0, 0)?;
+/// let mut out = vec![0.0; q.len()];
+/// CpuEngine::new().attend(&sc.pages, &AttentionBatch::new(0, 0, &seqs, &q, 0.125), &mut out)?;
+/// assert!(max_rel_err(&out, &sc.naive_f64(0, 0, &q, 0.125)?) < 1e-3);
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct CpuEngine {
+    kernels: Kernels,
+    threads: usize,
+    /// Pages per split-K chunk.
+    chunk_pages: usize,
+}
+
+impl Default for CpuEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuEngine {
+    /// The best kernels for this CPU, on every available core.
+    pub fn new() -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            kernels: Kernels::detect(),
+            threads,
+            chunk_pages: 0,
+        }
+    }
+
+    /// With a fixed number of threads (1 = no threads are spawned).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// With the portable kernels instead of the detected ones.
+    pub fn with_scalar_kernels(mut self) -> Self {
+        self.kernels = Kernels::scalar();
+        self
+    }
+
+    /// With split-K chunks of `pages` pages (0 = choose automatically).
+    pub fn with_chunk_pages(mut self, pages: usize) -> Self {
+        self.chunk_pages = pages;
+        self
+    }
+
+    /// The kernels in use (for reports).
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+}
+
+/// One unit of work: a chunk of one sequence's pages for one kv head.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    seq: usize,
+    kv_head: u32,
+    /// Token positions of the chunk.
+    start: usize,
+    end: usize,
+    /// First query row of the sequence in the batch.
+    q_base: usize,
+}
+
+/// Streaming-softmax state of one query row over some keys.
+#[derive(Debug, Clone)]
+struct Partial {
+    max: f32,
+    sum: f32,
+    acc: Vec<f32>,
+}
+
+impl Partial {
+    fn new(hd: usize) -> Self {
+        Self {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            acc: vec![0.0; hd],
+        }
+    }
+
+    /// Folds `other` in (log-sum-exp merge).
+    fn merge(&mut self, other: &Partial, k: &Kernels) {
+        if other.sum == 0.0 {
+            return;
+        }
+        let max = self.max.max(other.max);
+        let (a, b) = ((self.max - max).exp(), (other.max - max).exp());
+        self.acc.iter_mut().for_each(|x| *x *= a);
+        (k.axpy)(&mut self.acc, b, &other.acc);
+        self.sum = self.sum * a + other.sum * b;
+        self.max = max;
+    }
+}
+
+impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
+    fn attend(&self, pages: &P, batch: &AttentionBatch<'_>, out: &mut [f32]) -> Result<()> {
+        let shape = batch.validate(pages, out.len())?;
+        let bt = shape.layout.block_tokens() as usize;
+        let kv_heads = shape.shard.num_kv_heads();
+        // Chunk size: enough chunks to keep every thread busy, but whole
+        // pages and at least 256 tokens, so per-chunk overhead stays small.
+        let total_tokens: usize =
+            batch.seqs.iter().map(|s| s.kv_len).sum::<usize>() * kv_heads as usize;
+        let chunk = if self.chunk_pages > 0 {
+            self.chunk_pages * bt
+        } else {
+            let per_thread = total_tokens.div_ceil(self.threads * 4).max(256);
+            per_thread.div_ceil(bt) * bt
+        };
+        let mut tasks = Vec::new();
+        let mut q_base = 0;
+        for (seq, s) in batch.seqs.iter().enumerate() {
+            for kv_head in 0..kv_heads {
+                let mut start = 0;
+                while start < s.kv_len {
+                    let end = (start + chunk).min(s.kv_len);
+                    tasks.push(Task {
+                        seq,
+                        kv_head,
+                        start,
+                        end,
+                        q_base,
+                    });
+                    start = end;
+                }
+            }
+            q_base += s.q_len;
+        }
+        let results: Vec<Mutex<Option<Vec<Partial>>>> =
+            tasks.iter().map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        let failure: Mutex<Option<Error>> = Mutex::new(None);
+        let work = || {
+            let mut scratch = Scratch::default();
+            loop {
+                let i = next.fetch_add(1, Relaxed);
+                let Some(task) = tasks.get(i) else { break };
+                match self.run_task(pages, batch, &shape, task, &mut scratch) {
+                    Ok(p) => *results[i].lock().unwrap() = Some(p),
+                    Err(e) => {
+                        *failure.lock().unwrap() = Some(e);
+                        next.store(tasks.len(), Relaxed);
+                    }
+                }
+            }
+        };
+        let threads = self.threads.min(tasks.len());
+        if threads <= 1 {
+            work();
+        } else {
+            std::thread::scope(|s| {
+                for _ in 1..threads {
+                    s.spawn(work);
+                }
+                work();
+            });
+        }
+        if let Some(e) = failure.into_inner().unwrap() {
+            return Err(e);
+        }
+        // Merge chunks in order, per (sequence, kv head), into the output.
+        let hd = shape.layout.head_dim() as usize;
+        let ratio = shape.layout.gqa_ratio() as usize;
+        let row = shape.shard.num_q_heads() as usize * hd;
+        let mut i = 0;
+        while i < tasks.len() {
+            let t = tasks[i];
+            let mut merged = results[i].lock().unwrap().take().expect("every task ran");
+            i += 1;
+            while i < tasks.len() && tasks[i].seq == t.seq && tasks[i].kv_head == t.kv_head {
+                let more = results[i].lock().unwrap().take().expect("every task ran");
+                for (m, p) in merged.iter_mut().zip(&more) {
+                    m.merge(p, &self.kernels);
+                }
+                i += 1;
+            }
+            let q_len = batch.seqs[t.seq].q_len;
+            for (r, p) in merged.iter().enumerate() {
+                // Rows are (query head in group) × (query token).
+                let (g, tok) = (r / q_len, r % q_len);
+                let qh = t.kv_head as usize * ratio + g;
+                let at = (t.q_base + tok) * row + qh * hd;
+                let inv = 1.0 / p.sum;
+                for (o, a) in out[at..at + hd].iter_mut().zip(&p.acc) {
+                    *o = a * inv;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_kv(&self, pages: &mut P, write: &KvWrite<'_>) -> Result<()> {
+        write_kv(pages, write)
+    }
+}
+
+/// Per-thread buffers, reused across tasks.
+#[derive(Default)]
+struct Scratch {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl CpuEngine {
+    /// Computes one chunk: for every query head of the kv head's group and
+    /// every query token, the partial softmax state over the chunk's keys.
+    fn run_task<P: PageMemory + ?Sized>(
+        &self,
+        pages: &P,
+        batch: &AttentionBatch<'_>,
+        shape: &BatchShape,
+        t: &Task,
+        scratch: &mut Scratch,
+    ) -> Result<Vec<Partial>> {
+        let k = &self.kernels;
+        let layout = &shape.layout;
+        let (hd, bt) = (layout.head_dim() as usize, layout.block_tokens() as usize);
+        let dtype = layout.dtype();
+        let es = dtype.size_bytes();
+        let ratio = layout.gqa_ratio() as usize;
+        let row = shape.shard.num_q_heads() as usize * hd;
+        let seq = &batch.seqs[t.seq];
+        let q_len = seq.q_len;
+        let mut parts: Vec<Partial> = (0..ratio * q_len).map(|_| Partial::new(hd)).collect();
+        let k_region = layout.head_region(KvPart::K, shape.layer_in_group, t.kv_head)?;
+        let v_region = layout.head_region(KvPart::V, shape.layer_in_group, t.kv_head)?;
+        scratch.k.resize(bt * hd, 0.0);
+        scratch.v.resize(bt * hd, 0.0);
+        scratch.scores.resize(bt, 0.0);
+        let mut pos = t.start;
+        while pos < t.end {
+            let block = pos / bt;
+            let from = pos % bt;
+            let upto = (t.end - block * bt).min(bt);
+            let n = upto - from;
+            let page = pages.page(seq.block_table[block])?;
+            let kb = &page[(k_region.start + from * hd) * es..(k_region.start + upto * hd) * es];
+            let vb = &page[(v_region.start + from * hd) * es..(v_region.start + upto * hd) * es];
+            // Widen this block's K and V once for the whole GQA group.
+            k.widen(dtype, kb, &mut scratch.k[..n * hd]);
+            k.widen(dtype, vb, &mut scratch.v[..n * hd]);
+            for (r, p) in parts.iter_mut().enumerate() {
+                let (g, tok) = (r / q_len, r % q_len);
+                let qh = t.kv_head as usize * ratio + g;
+                let at = (t.q_base + tok) * row + qh * hd;
+                let q = &batch.queries[at..at + hd];
+                // Causal, bottom-right aligned: this query sees keys
+                // 0..=kv_len - q_len + tok.
+                let visible = (seq.kv_len - q_len + tok + 1).saturating_sub(pos).min(n);
+                if visible == 0 {
+                    continue;
+                }
+                let scores = &mut scratch.scores[..visible];
+                let mut block_max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = batch.scale * (k.dot)(q, &scratch.k[j * hd..(j + 1) * hd]);
+                    block_max = block_max.max(*s);
+                }
+                let max = p.max.max(block_max);
+                let rescale = (p.max - max).exp();
+                if rescale != 1.0 {
+                    p.acc.iter_mut().for_each(|x| *x *= rescale);
+                }
+                p.sum *= rescale;
+                for (j, s) in scores.iter().enumerate() {
+                    let w = (s - max).exp();
+                    p.sum += w;
+                    (k.axpy)(&mut p.acc, w, &scratch.v[j * hd..(j + 1) * hd]);
+                }
+                p.max = max;
+            }
+            pos += n;
+        }
+        Ok(parts)
+    }
+}

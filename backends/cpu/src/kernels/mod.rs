@@ -1,0 +1,103 @@
+//! The three inner loops of paged attention, per instruction set:
+//! widening a row of stored K/V to f32, a dot product, and `acc += w·x`.
+//!
+//! [`Kernels::detect`] picks the best set the CPU supports, once. Unsafe
+//! code lives only in the per-ISA files.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod scalar;
+
+use kvslice_core::KvDtype;
+
+/// Function table for one instruction set.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    /// Name for reports ("avx2+fma+f16c", "scalar").
+    pub name: &'static str,
+    widen_f16: fn(&[u8], &mut [f32]),
+    widen_bf16: fn(&[u8], &mut [f32]),
+    widen_f32: fn(&[u8], &mut [f32]),
+    /// `Σ a[i]·b[i]` over equal-length slices.
+    pub dot: fn(&[f32], &[f32]) -> f32,
+    /// `acc[i] += w·x[i]` over equal-length slices.
+    pub axpy: fn(&mut [f32], f32, &[f32]),
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Kernels {
+    /// The fastest kernels this CPU runs.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = avx2::kernels() {
+            return k;
+        }
+        scalar::kernels()
+    }
+
+    /// The portable fallback, for comparison and tests.
+    pub fn scalar() -> Self {
+        scalar::kernels()
+    }
+
+    /// Widens little-endian stored elements (`src`, `dst.len()` of them) to
+    /// f32.
+    #[inline]
+    pub fn widen(&self, dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
+        debug_assert_eq!(src.len(), dst.len() * dtype.size_bytes());
+        match dtype {
+            KvDtype::F32 => (self.widen_f32)(src, dst),
+            KvDtype::F16 => (self.widen_f16)(src, dst),
+            KvDtype::Bf16 => (self.widen_bf16)(src, dst),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Kernels> {
+        vec![Kernels::scalar(), Kernels::detect()]
+    }
+
+    #[test]
+    fn kernels_agree_with_plain_arithmetic() {
+        for n in [1usize, 7, 8, 9, 16, 31, 128, 130] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let want: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            for k in all() {
+                let got = (k.dot)(&a, &b);
+                assert!((f64::from(got) - want).abs() < 1e-4, "{} dot n={n}", k.name);
+                let mut acc = b.clone();
+                (k.axpy)(&mut acc, 0.5, &a);
+                for i in 0..n {
+                    assert!(
+                        (acc[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6,
+                        "{} axpy",
+                        k.name
+                    );
+                }
+                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                    let mut bytes = vec![0u8; n * dtype.size_bytes()];
+                    dtype.encode_row(&a, &mut bytes).unwrap();
+                    let mut out = vec![0f32; n];
+                    k.widen(dtype, &bytes, &mut out);
+                    let mut want = vec![0f32; n];
+                    dtype.decode_row(&bytes, &mut want).unwrap();
+                    assert_eq!(out, want, "{} widen {dtype:?} n={n}", k.name);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Portable kernels: plain loops the compiler may auto-vectorise.
+
+use kvslice_core::{bf16, f16};
+
+use super::Kernels;
+
+pub(super) fn kernels() -> Kernels {
+    Kernels {
+        name: "scalar",
+        widen_f16,
+        widen_bf16,
+        widen_f32,
+        dot,
+        axpy,
+    }
+}
+
+fn widen_f32(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
+fn widen_f16(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = f16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+}
+
+fn widen_bf16(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Four independent sums, so the loop is not one long dependency chain.
+    let mut s = [0f32; 4];
+    let (ac, ar) = a.split_at(a.len() / 4 * 4);
+    let (bc, br) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(4).zip(bc.chunks_exact(4)) {
+        for i in 0..4 {
+            s[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
+    (s[0] + s[1]) + (s[2] + s[3]) + tail
+}
+
+fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a += w * v;
+    }
+}

@@ -1,0 +1,115 @@
+//! The CPU engine against the reference engine: the shared accuracy suite,
+//! with the detected kernels, the scalar kernels, one thread and forced
+//! split-K; and bad input rejected before any compute.
+
+use kvslice_core::testkit::{Rng, Scenario, accuracy_suite, max_rel_err};
+use kvslice_core::{
+    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, LayoutSpec, PageBuf, PageId,
+    SeqAttention,
+};
+use kvslice_cpu::CpuEngine;
+
+#[test]
+fn detected_kernels_pass_the_suite() {
+    let e = CpuEngine::new();
+    println!("kernels: {}", e.kernels().name);
+    assert!(accuracy_suite(&e) > 100);
+}
+
+#[test]
+fn scalar_kernels_pass_the_suite() {
+    assert!(accuracy_suite(&CpuEngine::new().with_scalar_kernels()) > 100);
+}
+
+#[test]
+fn split_k_and_thread_counts_agree() {
+    // One page per chunk forces many partials to be merged; one thread and
+    // many threads must give the same answer up to rounding.
+    let layout = KvLayout::new(LayoutSpec::new(1, 8, 2, 64, 16, KvDtype::F16)).unwrap();
+    let mut rng = Rng::new(3);
+    let sc = Scenario::random(layout, &[(1000, 1), (777, 5), (50, 50)], &mut rng).unwrap();
+    let q = sc.random_queries(0, &mut rng).unwrap();
+    let table = sc.seq_attention(0, 0).unwrap();
+    let batch = AttentionBatch::new(0, 0, &table, &q, 0.125);
+    let want = sc.naive_f64(0, 0, &q, 0.125).unwrap();
+    for engine in [
+        CpuEngine::new().with_threads(1),
+        CpuEngine::new().with_threads(4).with_chunk_pages(1),
+        CpuEngine::new().with_threads(2).with_chunk_pages(3),
+    ] {
+        let mut out = vec![f32::NAN; q.len()];
+        engine.attend(&sc.pages, &batch, &mut out).unwrap();
+        let err = max_rel_err(&out, &want);
+        assert!(err < 1e-5, "{engine:?}: {err:e}");
+    }
+}
+
+#[test]
+fn bad_batches_fail_before_compute() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 4, 2, 8, 4, KvDtype::Bf16)).unwrap();
+    let pages = PageBuf::new(layout, 2).unwrap();
+    let table = [PageId(0), PageId(1)];
+    let q = vec![0.1f32; 4 * 8];
+    let mut out = vec![7.0f32; 4 * 8];
+    let e = CpuEngine::new();
+    let cases: [(Vec<SeqAttention<'_>>, u32); 4] = [
+        (
+            vec![SeqAttention {
+                block_table: &[PageId(0), PageId(2)],
+                kv_len: 8,
+                q_len: 1,
+            }],
+            0,
+        ),
+        (
+            vec![SeqAttention {
+                block_table: &table,
+                kv_len: 9,
+                q_len: 1,
+            }],
+            0,
+        ),
+        (
+            vec![SeqAttention {
+                block_table: &table,
+                kv_len: 8,
+                q_len: 1,
+            }],
+            1,
+        ),
+        (
+            vec![SeqAttention {
+                block_table: &table,
+                kv_len: 0,
+                q_len: 1,
+            }],
+            0,
+        ),
+    ];
+    for (seqs, shard) in cases {
+        let r = e.attend(
+            &pages,
+            &AttentionBatch::new(0, shard, &seqs, &q, 0.5),
+            &mut out,
+        );
+        assert!(matches!(r, Err(Error::OutOfRange { .. })), "{r:?}");
+        assert!(
+            out.iter().all(|&x| x == 7.0),
+            "output touched before the error"
+        );
+    }
+    let ok = [SeqAttention {
+        block_table: &table,
+        kv_len: 8,
+        q_len: 1,
+    }];
+    let r = e.attend(
+        &pages,
+        &AttentionBatch::new(0, 0, &ok, &q[..16], 0.5),
+        &mut out,
+    );
+    assert!(
+        matches!(r, Err(Error::ShapeMismatch { .. })),
+        "head-count mismatch: {r:?}"
+    );
+}
