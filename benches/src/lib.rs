@@ -2,7 +2,9 @@
 //! store, eviction policies by name, sweeps with plots, and the demo.
 
 pub mod demo;
+pub mod model;
 pub mod policy;
 pub mod replay;
+pub mod serve;
 pub mod sweep;
 pub mod trace;

@@ -34,8 +34,32 @@ enum Command {
     Replay(ReplayArgs),
     /// Replay at many capacities and plot block hit ratio against capacity.
     Sweep(SweepArgs),
+    /// Serve a stream of requests over a tiny model, with and without prefix reuse.
+    Serve(ServeArgs),
     /// Walk a few requests through the coordinator and the reference engine.
     Demo,
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// Attention engine: cpu, reference or wgpu.
+    #[arg(long, default_value = "cpu")]
+    engine: String,
+    /// Requests in the stream.
+    #[arg(long, default_value_t = 24)]
+    requests: usize,
+    /// Distinct system prompts the requests share.
+    #[arg(long, default_value_t = 3)]
+    system_prompts: usize,
+    /// Greedy decode steps per request.
+    #[arg(long, default_value_t = 8)]
+    decode_steps: usize,
+    /// Cache capacity in 16-token pages.
+    #[arg(long, default_value_t = 256)]
+    capacity_pages: u32,
+    /// One JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Clone)]
@@ -93,6 +117,7 @@ fn main() -> ExitCode {
     {
         Command::Replay(args) => run_replay(&args),
         Command::Sweep(args) => run_sweep(&args),
+        Command::Serve(args) => run_serve(&args),
         Command::Demo => kvslice_benches::demo::demo().map_err(|e| e.to_string()),
     };
     match result {
@@ -234,5 +259,78 @@ fn run_sweep(args: &SweepArgs) -> Result<(), String> {
     )
     .map_err(|e| format!("plotting: {e}"))?;
     println!("\nplot written to {}", args.out.display());
+    Ok(())
+}
+
+fn run_serve(args: &ServeArgs) -> Result<(), String> {
+    use kvslice_benches::serve::{ServeConfig, serve};
+    let cfg = ServeConfig {
+        requests: args.requests,
+        system_prompts: args.system_prompts,
+        decode_steps: args.decode_steps,
+        capacity_pages: args.capacity_pages,
+        ..ServeConfig::default()
+    };
+    let report = match args.engine.as_str() {
+        "cpu" => serve(&kvslice_cpu::CpuEngine::new(), "cpu", &cfg),
+        "reference" => serve(&kvslice_core::ReferenceEngine, "reference", &cfg),
+        "wgpu" => return Err(
+            "the wgpu engine is not built yet (see the wgpu backend issue); use cpu or reference"
+                .into(),
+        ),
+        other => {
+            return Err(format!(
+                "unknown engine {other:?}; known: cpu, reference, wgpu"
+            ));
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "engine": report.engine, "requests": report.requests, "prompt_tokens": report.prompt_tokens,
+                "reused_tokens": report.reused_tokens, "block_hit_ratio": report.block_hit_ratio,
+                "tokens_per_sec_reuse": report.tokens_per_sec_reuse, "tokens_per_sec_scratch": report.tokens_per_sec_scratch,
+                "max_logit_rel_diff": report.max_logit_rel_diff, "tokens_match": report.tokens_match,
+                "kv_bytes": report.kv_bytes, "weight_bytes": report.weight_bytes,
+            })
+        );
+    } else {
+        println!(
+            "served {} requests on the {} engine (4 layers, 8 q / 2 kv heads, head_dim 64, f16 KV)",
+            report.requests, report.engine
+        );
+        println!(
+            "  prompt tokens:        {} ({} reused from cache)",
+            report.prompt_tokens, report.reused_tokens
+        );
+        println!("  block hit ratio:      {:.3}", report.block_hit_ratio);
+        println!("  tokens/s with reuse:  {:.0}", report.tokens_per_sec_reuse);
+        println!(
+            "  tokens/s from scratch: {:.0} ({:.2}x)",
+            report.tokens_per_sec_scratch,
+            report.tokens_per_sec_reuse / report.tokens_per_sec_scratch
+        );
+        println!(
+            "  memory: {:.1} MiB K/V pages, {:.1} MiB weights",
+            report.kv_bytes as f64 / 1048576.0,
+            report.weight_bytes as f64 / 1048576.0
+        );
+        println!(
+            "  reuse vs scratch: generated tokens {}, max logit difference {:.2e} (relative)",
+            if report.tokens_match {
+                "identical"
+            } else {
+                "DIFFER"
+            },
+            report.max_logit_rel_diff
+        );
+    }
+    if !report.tokens_match || report.max_logit_rel_diff > 1e-3 {
+        return Err(
+            "output with cache reuse differs from the output recomputed from scratch".into(),
+        );
+    }
     Ok(())
 }

@@ -1,0 +1,296 @@
+//! CPU paged attention: decode bandwidth against a STREAM-like read loop
+//! and (with `--features candle`) candle's CPU flash attention, and prefill
+//! GFLOP/s against the machine's measured FMA peak, all in one run.
+//!
+//! Decode workload (the issue's): 32 query heads, 8 kv heads, head_dim 128,
+//! f16 K/V in 16-token pages, batch 8, contexts 1k, 8k and 32k.
+//!
+//! ```sh
+//! cargo bench -p kvslice-benches --bench cpu_attention                    # kvslice + read loop + FMA peak
+//! cargo bench -p kvslice-benches --bench cpu_attention --features candle  # + candle (builds candle)
+//! ```
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvslice_core::testkit::Rng;
+use kvslice_core::{
+    AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, SeqAttention,
+};
+use kvslice_cpu::CpuEngine;
+
+const Q_HEADS: u32 = 32;
+const KV_HEADS: u32 = 8;
+const HEAD_DIM: u32 = 128;
+const BLOCK: u32 = 16;
+const BATCH: usize = 8;
+
+fn layout() -> KvLayout {
+    KvLayout::new(LayoutSpec::new(
+        1,
+        Q_HEADS,
+        KV_HEADS,
+        HEAD_DIM,
+        BLOCK,
+        KvDtype::F16,
+    ))
+    .unwrap()
+}
+
+/// Pages for `BATCH` sequences of `ctx` tokens, filled with random f16
+/// values (encoded directly: this is setup, not the thing measured).
+fn fill(ctx: usize) -> (PageBuf, Vec<Vec<PageId>>) {
+    let l = layout();
+    let per_seq = ctx.div_ceil(BLOCK as usize);
+    let mut pages = PageBuf::new(l, (per_seq * BATCH) as u32).unwrap();
+    let mut rng = Rng::new(ctx as u64);
+    let n = l.page_elems();
+    let mut vals = vec![0f32; n];
+    let mut bytes = vec![0u8; l.page_bytes()];
+    for p in 0..(per_seq * BATCH) as u32 {
+        vals.iter_mut().for_each(|v| *v = rng.unit());
+        KvDtype::F16.encode_row(&vals, &mut bytes).unwrap();
+        use kvslice_core::PageMemoryMut;
+        pages.page_mut(PageId(p)).unwrap().copy_from_slice(&bytes);
+    }
+    let tables = (0..BATCH)
+        .map(|s| {
+            (0..per_seq)
+                .map(|b| PageId((s * per_seq + b) as u32))
+                .collect()
+        })
+        .collect();
+    (pages, tables)
+}
+
+/// Sums `bytes` as u64 words with four accumulators per thread, on every
+/// core: the memory read bandwidth the attention has to live within.
+fn stream_read(bytes: &[u8], threads: usize) -> u64 {
+    let chunk = bytes.len().div_ceil(threads).div_ceil(64) * 64;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = bytes
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    let mut acc = [0u64; 4];
+                    for line in part.chunks_exact(32) {
+                        for (i, w) in line.chunks_exact(8).enumerate() {
+                            acc[i] = acc[i].wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
+                        }
+                    }
+                    acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .fold(0, u64::wrapping_add)
+    })
+}
+
+fn decode(c: &mut Criterion) {
+    let engine = CpuEngine::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!(
+        "kvslice-cpu kernels: {}, {threads} threads",
+        engine.kernels().name
+    );
+    let mut g = c.benchmark_group("decode_f16_32q8kv_d128_b8");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for ctx in [1024usize, 8192, 32768] {
+        let (pages, tables) = fill(ctx);
+        let kv_bytes = (BATCH * ctx * KV_HEADS as usize * HEAD_DIM as usize * 2 * 2) as u64;
+        g.throughput(Throughput::Bytes(kv_bytes));
+        let seqs: Vec<SeqAttention<'_>> = tables
+            .iter()
+            .map(|t| SeqAttention {
+                block_table: t,
+                kv_len: ctx,
+                q_len: 1,
+            })
+            .collect();
+        let mut rng = Rng::new(9);
+        let q = rng.vec(BATCH * (Q_HEADS * HEAD_DIM) as usize);
+        let mut out = vec![0f32; q.len()];
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        g.bench_function(BenchmarkId::new("kvslice_cpu", ctx), |b| {
+            b.iter(|| {
+                engine
+                    .attend(
+                        &pages,
+                        &AttentionBatch::new(0, 0, &seqs, &q, scale),
+                        &mut out,
+                    )
+                    .unwrap()
+            })
+        });
+        // The same number of bytes, read as fast as the cores can.
+        let all = pages.bytes();
+        let span = &all[..(kv_bytes as usize).min(all.len())];
+        g.bench_function(BenchmarkId::new("stream_read", ctx), |b| {
+            b.iter(|| black_box(stream_read(span, threads)))
+        });
+        #[cfg(feature = "candle")]
+        candle_peer::bench(&mut g, ctx, &pages, &tables, &q, scale);
+    }
+    g.finish();
+}
+
+#[cfg(feature = "candle")]
+mod candle_peer {
+    use candle_core::{DType, Device, Tensor};
+    use candle_nn::attention::{AttnMask, flash_attn};
+    use criterion::measurement::WallTime;
+    use criterion::{BenchmarkGroup, BenchmarkId};
+    use kvslice_core::{KvPart, PageBuf, PageId, PageMemory, f16};
+
+    use super::*;
+
+    /// candle's CPU flash attention on the same K/V, copied into unpaged
+    /// `(B, S, H, D)` tensors (its layout), queries rounded to f16.
+    pub fn bench(
+        g: &mut BenchmarkGroup<'_, WallTime>,
+        ctx: usize,
+        pages: &PageBuf,
+        tables: &[Vec<PageId>],
+        q: &[f32],
+        scale: f32,
+    ) {
+        let l = layout();
+        let (hd, kvh, bt) = (HEAD_DIM as usize, KV_HEADS as usize, BLOCK as usize);
+        let mut k = vec![f16::ZERO; BATCH * ctx * kvh * hd];
+        let mut v = k.clone();
+        for (s, table) in tables.iter().enumerate() {
+            for t in 0..ctx {
+                let page = pages.page(table[t / bt]).unwrap();
+                for h in 0..kvh as u32 {
+                    for (part, dst) in [(KvPart::K, &mut k), (KvPart::V, &mut v)] {
+                        let r = l.head_region(part, 0, h).unwrap();
+                        let at = (r.start + (t % bt) * hd) * 2;
+                        let o = ((s * ctx + t) * kvh + h as usize) * hd;
+                        for d in 0..hd {
+                            dst[o + d] =
+                                f16::from_le_bytes([page[at + 2 * d], page[at + 2 * d + 1]]);
+                        }
+                    }
+                }
+            }
+        }
+        let dev = Device::Cpu;
+        let kt = Tensor::from_vec(k, (BATCH, ctx, kvh, hd), &dev).unwrap();
+        let vt = Tensor::from_vec(v, (BATCH, ctx, kvh, hd), &dev).unwrap();
+        let qt = Tensor::from_vec(q.to_vec(), (BATCH, 1, Q_HEADS as usize, hd), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        g.bench_function(BenchmarkId::new("candle_flash_attn", ctx), |b| {
+            b.iter(|| flash_attn::<f16>(&qt, &kt, &vt, scale, AttnMask::None, None, None).unwrap())
+        });
+    }
+}
+
+/// Peak f32 FMA throughput of this machine: independent FMA chains on
+/// every core.
+mod fma_peak {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn chains(iters: u64) -> f32 {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm256_set1_ps(1.0); 10];
+        let a = _mm256_set1_ps(0.999_999);
+        let b = _mm256_set1_ps(1e-7);
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
+        _mm256_cvtss_f32(s)
+    }
+
+    /// GFLOP/s (an FMA is 2 flops) over all cores, or `None` without AVX2+FMA.
+    pub fn gflops(threads: usize) -> Option<f64> {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let iters = 20_000_000u64;
+            let t = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    // SAFETY: AVX2 and FMA were detected just above.
+                    s.spawn(move || std::hint::black_box(unsafe { chains(iters) }));
+                }
+            });
+            let flops = (threads as u64 * iters * 10 * 8 * 2) as f64;
+            return Some(flops / t.elapsed().as_secs_f64() / 1e9);
+        }
+        None
+    }
+}
+
+fn prefill(c: &mut Criterion) {
+    let engine = CpuEngine::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let peak = fma_peak::gflops(threads);
+    let n = 2048usize;
+    let per_seq = n.div_ceil(BLOCK as usize);
+    let l = layout();
+    let mut pages = PageBuf::new(l, per_seq as u32).unwrap();
+    let table: Vec<PageId> = (0..per_seq as u32).map(PageId).collect();
+    let mut rng = Rng::new(5);
+    let kv = rng.vec(n * (KV_HEADS * HEAD_DIM) as usize);
+    engine
+        .write_kv(
+            &mut pages,
+            &kvslice_core::KvWrite {
+                layer: 0,
+                shard: 0,
+                block_table: &table,
+                start: 0,
+                k: &kv,
+                v: &kv,
+            },
+        )
+        .unwrap();
+    let q = rng.vec(n * (Q_HEADS * HEAD_DIM) as usize);
+    let mut out = vec![0f32; q.len()];
+    let seqs = [SeqAttention {
+        block_table: &table,
+        kv_len: n,
+        q_len: n,
+    }];
+    // Causal: each query head does QK and PV over on average n/2 keys.
+    let flops =
+        2.0 * 2.0 * (n as f64) * (n as f64 + 1.0) / 2.0 * f64::from(HEAD_DIM) * f64::from(Q_HEADS);
+    let mut g = c.benchmark_group("prefill_f16_32q8kv_d128_2048");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(flops as u64));
+    g.bench_function("kvslice_cpu", |b| {
+        b.iter(|| {
+            engine
+                .attend(
+                    &pages,
+                    &AttentionBatch::new(0, 0, &seqs, &q, 0.088),
+                    &mut out,
+                )
+                .unwrap()
+        })
+    });
+    g.finish();
+    match peak {
+        Some(p) => eprintln!(
+            "measured FMA peak: {p:.1} GFLOP/s on {threads} threads (prefill 'elements' above are flops)"
+        ),
+        None => eprintln!("no AVX2+FMA: FMA peak not measured"),
+    }
+}
+
+criterion_group!(benches, decode, prefill);
+criterion_main!(benches);

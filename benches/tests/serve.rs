@@ -1,0 +1,37 @@
+//! The serving loop: output with prefix reuse equals output recomputed from
+//! scratch (same generated tokens, logits within the engine tests'
+//! tolerance), on the CPU and reference engines.
+
+use kvslice_benches::serve::{ServeConfig, serve};
+
+#[test]
+fn reuse_matches_recompute_on_every_engine() {
+    let cfg = ServeConfig {
+        requests: 9,
+        system_prompts: 2,
+        system_tokens: 48,
+        max_suffix_tokens: 20,
+        decode_steps: 4,
+        capacity_pages: 64,
+        seed: 3,
+    };
+    for report in [
+        serve(&kvslice_cpu::CpuEngine::new(), "cpu", &cfg).unwrap(),
+        serve(&kvslice_core::ReferenceEngine, "reference", &cfg).unwrap(),
+    ] {
+        assert!(report.tokens_match, "{report:?}");
+        assert!(report.max_logit_rel_diff <= 1e-3, "{report:?}");
+        // Requests after the first of each system prompt reuse its blocks.
+        assert!(report.reused_tokens >= (9 - 2) * 48, "{report:?}");
+        assert!(report.block_hit_ratio > 0.5, "{report:?}");
+    }
+}
+
+#[test]
+fn a_cache_smaller_than_a_request_is_an_error() {
+    let cfg = ServeConfig {
+        capacity_pages: 2,
+        ..ServeConfig::default()
+    };
+    assert!(serve(&kvslice_core::ReferenceEngine, "reference", &cfg).is_err());
+}
