@@ -63,7 +63,10 @@ pub fn plot(
         )?;
     chart
         .configure_mesh()
-        .x_desc("capacity (blocks of 512 tokens)")
+        .x_labels(6)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .light_line_style(WHITE)
+        .x_desc("capacity (blocks of 512 tokens, log scale)")
         .y_desc("block hit ratio")
         .draw()?;
     for (i, p) in policies.iter().enumerate() {

@@ -100,16 +100,26 @@ pub struct TinyLfuPolicy {
 }
 
 impl TinyLfuPolicy {
-    /// A policy for pages `0..capacity`, starting with a 1% window.
+    /// A policy for pages `0..capacity`, starting with a 1% window, with a
+    /// frequency sketch of `capacity` counters that halves every `10 ×
+    /// capacity` events (Caffeine's sizing).
     pub fn new(capacity: u32) -> Self {
+        Self::with_sketch(capacity, 1, 10)
+    }
+
+    /// As [`TinyLfuPolicy::new`], with a sketch of `counters_per_page ×
+    /// capacity` counters per row that halves every `period_per_page ×
+    /// capacity` events. Workloads whose reuse gaps span many cache
+    /// turnovers need a wider sketch and a longer memory.
+    pub fn with_sketch(capacity: u32, counters_per_page: u32, period_per_page: u32) -> Self {
         let cap = f64::from(capacity.max(1));
-        let period = 10 * u64::from(capacity.max(1));
+        let period = u64::from(period_per_page.max(1)) * u64::from(capacity.max(1));
         Self {
             capacity,
             state: SpinLock::new(State {
                 lists: Segments::new(capacity),
                 fps: alloc::vec![0; capacity as usize],
-                sketch: Sketch::new(capacity, period),
+                sketch: Sketch::new(capacity.saturating_mul(counters_per_page.max(1)), period),
                 window: (cap * 0.01).max(1.0),
                 climber: HillClimber {
                     hits: 0,
