@@ -9,12 +9,11 @@ use kvslice_core::testkit::Rng;
 
 type Harness = fn(&[u8]);
 
-const HARNESSES: [(&str, Harness); 5] = [
+const HARNESSES: [(&str, Harness); 4] = [
     ("coordinator", fuzzing::coordinator),
     ("page_pool", fuzzing::page_pool),
     ("slice_map", fuzzing::slice_map),
     ("cache_store", fuzzing::cache_store),
-    ("attention", fuzzing::attention),
 ];
 
 #[test]

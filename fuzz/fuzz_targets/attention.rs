@@ -1,4 +1,4 @@
-//! Fuzz target: see `kvslice_core::fuzzing::attention`.
+//! Fuzz target: see `kvslice_cpu::fuzzing::attention`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvslice_core::fuzzing::attention(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvslice_cpu::fuzzing::attention(data));

@@ -14,6 +14,8 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod engine;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod kernels;
 
 pub use engine::CpuEngine;

@@ -4,15 +4,15 @@
 //!
 //! The cargo-fuzz targets in `fuzz/` call these, and a stable test replays
 //! every committed corpus file through them, so a finding stays a
-//! regression test without nightly.
+//! regression test without nightly. (The attention harness lives in
+//! `kvslice_cpu::fuzzing`, since it compares the CPU engine with the
+//! reference one.)
 
-mod attention;
 mod cache_store;
 mod coordinator;
 mod page_pool;
 mod slice_map;
 
-pub use attention::attention;
 pub use cache_store::cache_store;
 pub use coordinator::coordinator;
 pub use page_pool::page_pool;

@@ -1,20 +1,21 @@
-//! Arbitrary small shapes, page sizes and contents through the reference
-//! engine, against dense f64 attention; non-finite input is a typed error
-//! that leaves pages untouched.
-
-use alloc::vec;
-use alloc::vec::Vec;
+//! Fuzz harness (feature `fuzzing`): arbitrary small shapes, page sizes,
+//! thread counts, split-K chunk sizes and contents through the CPU engine,
+//! against the reference engine and dense f64 attention; non-finite input is
+//! a typed error that leaves pages untouched.
 
 use arbitrary::Unstructured;
-
-use super::small;
-use crate::testkit::{Scenario, max_rel_err};
-use crate::{
-    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, KvWrite, LayoutSpec, PageMemory,
-    ReferenceEngine,
+use kvslice_core::testkit::{Rng, Scenario, all_close, max_rel_err, tolerance};
+use kvslice_core::{
+    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, KvWrite, LayoutSpec, ReferenceEngine,
 };
 
-/// Runs one attention case.
+use crate::CpuEngine;
+
+fn small(u: &mut Unstructured<'_>, lo: u32, hi: u32) -> u32 {
+    u.int_in_range(lo..=hi).unwrap_or(lo)
+}
+
+/// Runs one attention case. Panics if an engine is wrong.
 pub fn attention(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let kv = small(&mut u, 1, 3);
@@ -36,7 +37,7 @@ pub fn attention(data: &[u8]) {
             (kv_len, small(&mut u, 1, kv_len as u32) as usize)
         })
         .collect();
-    let mut rng = crate::testkit::Rng::new(u.arbitrary().unwrap_or(0));
+    let mut rng = Rng::new(u.arbitrary().unwrap_or(0));
     let mut sc = Scenario::random(layout, &seqs, &mut rng).expect("scenario fits");
     let layer = small(&mut u, 0, layout.num_layers() - 1);
     let shard = small(&mut u, 0, layout.num_head_shards() - 1);
@@ -49,31 +50,54 @@ pub fn attention(data: &[u8]) {
     }
     let table = sc.seq_attention(layer, shard).expect("in range");
     let scale = 1.0 / (layout.head_dim() as f32).sqrt();
-    let mut out = vec![0f32; q.len()];
+    let batch = AttentionBatch::new(layer, shard, &table, &q, scale);
+
+    let mut reference = vec![0f32; q.len()];
     ReferenceEngine
-        .attend(
-            &sc.pages,
-            &AttentionBatch::new(layer, shard, &table, &q, scale),
-            &mut out,
-        )
+        .attend(&sc.pages, &batch, &mut reference)
         .expect("valid batch");
     assert!(
-        out.iter().all(|x| x.is_finite()),
+        reference.iter().all(|x| x.is_finite()),
         "NaN or inf from finite input"
     );
     let want = sc.naive_f64(layer, shard, &q, scale).expect("in range");
-    let err = max_rel_err(&out, &want);
-    assert!(err <= 1e-4, "relative error {err:e}");
+    let err = max_rel_err(&reference, &want);
+    assert!(err <= 1e-4, "reference vs f64: relative error {err:e}");
+
+    let engine = CpuEngine::new()
+        .with_threads(small(&mut u, 1, 3) as usize)
+        .with_chunk_pages(small(&mut u, 0, 3) as usize);
+    let engine = if u.arbitrary().unwrap_or(false) {
+        engine.with_scalar_kernels()
+    } else {
+        engine
+    };
+    let mut out = vec![f32::NAN; q.len()];
+    engine
+        .attend(&sc.pages, &batch, &mut out)
+        .expect("valid batch");
+    let reference: Vec<f64> = reference.iter().map(|&x| f64::from(x)).collect();
+    if dtype == KvDtype::F32 {
+        let err = max_rel_err(&out, &reference);
+        assert!(err <= 1e-5, "cpu vs reference: relative error {err:e}");
+    } else {
+        let (atol, rtol) = tolerance(dtype);
+        assert!(
+            all_close(&out, &reference, atol, rtol),
+            "cpu vs reference beyond atol {atol}, rtol {rtol}"
+        );
+    }
 
     // Non-finite queries and K/V are typed errors; pages stay as they were.
     if let Some(x) = q.first_mut() {
         *x = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][small(&mut u, 0, 2) as usize];
-        let r = ReferenceEngine.attend(
-            &sc.pages,
-            &AttentionBatch::new(layer, shard, &table, &q, scale),
-            &mut out,
-        );
-        assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+        let bad = AttentionBatch::new(layer, shard, &table, &q, scale);
+        for r in [
+            ReferenceEngine.attend(&sc.pages, &bad, &mut out),
+            engine.attend(&sc.pages, &bad, &mut out),
+        ] {
+            assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+        }
     }
     let before = sc.pages.bytes().to_vec();
     let heads = layout.head_shard(shard).expect("in range").num_kv_heads() as usize;
@@ -92,6 +116,9 @@ pub fn attention(data: &[u8]) {
         ReferenceEngine.write_kv(&mut sc.pages, &w),
         Err(Error::InvalidValue(_))
     ));
+    assert!(matches!(
+        engine.write_kv(&mut sc.pages, &w),
+        Err(Error::InvalidValue(_))
+    ));
     assert_eq!(sc.pages.bytes(), &before[..]);
-    let _ = sc.pages.num_pages();
 }
