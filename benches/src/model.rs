@@ -6,7 +6,7 @@
 
 use kvslice_core::testkit::Rng;
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, KvWrite, PageBuf, PageId, Result, SeqAttention,
+    AttentionBatch, AttentionEngine, KvWrite, PageId, PageMemoryMut, Result, SeqAttention,
 };
 
 /// Shape of the model.
@@ -137,10 +137,10 @@ impl Model {
     /// whose pages are `table`) through every layer: writes their K/V into
     /// the pages and attends over the whole context so far. Returns the
     /// logits of the last token.
-    pub fn forward<E: AttentionEngine<PageBuf>>(
+    pub fn forward<P: PageMemoryMut + ?Sized, E: AttentionEngine<P>>(
         &self,
         engine: &E,
-        pages: &mut PageBuf,
+        pages: &mut P,
         table: &[PageId],
         start: usize,
         tokens: &[u32],

@@ -7,15 +7,16 @@
 //! requests. Every request is then recomputed from scratch in private pages
 //! and its generated tokens and logits compared with the reused run.
 //!
-//! The store owns page identities and lifetimes; the K/V bytes live in a
-//! [`PageBuf`] indexed by the same page ids.
+//! K/V lives in the store's own pool pages: the engine reads the cached
+//! prefix and writes the new blocks through a [`PageView`] of the pages the
+//! request holds.
 
 use std::time::Instant;
 
 use kvslice_core::testkit::Rng;
 use kvslice_core::{
     AttentionEngine, CacheStore, Coordinator, Error, HashSecret, KvDtype, KvLayout, LayoutSpec,
-    LruPolicy, PageBuf, PageId, PageMut, PageRef, Request, Result,
+    LruPolicy, PageBuf, PageId, PageMemoryMut, PageMut, PageRef, PageView, Request, Result,
 };
 
 use crate::model::{Model, ModelSpec, argmax};
@@ -119,10 +120,10 @@ fn prompts(cfg: &ServeConfig) -> Vec<Vec<u32>> {
 }
 
 /// Greedy decode from a prefilled sequence.
-fn decode<E: AttentionEngine<PageBuf>>(
+fn decode<P: PageMemoryMut + ?Sized, E: AttentionEngine<P>>(
     model: &Model,
     engine: &E,
-    pages: &mut PageBuf,
+    pages: &mut P,
     table: &[PageId],
     mut pos: usize,
     mut logits: Vec<f32>,
@@ -139,11 +140,10 @@ fn decode<E: AttentionEngine<PageBuf>>(
 }
 
 /// Serves the stream twice (with reuse, then from scratch) and compares.
-pub fn serve<E: AttentionEngine<PageBuf>>(
-    engine: &E,
-    engine_name: &str,
-    cfg: &ServeConfig,
-) -> Result<ServeReport> {
+pub fn serve<E>(engine: &E, engine_name: &str, cfg: &ServeConfig) -> Result<ServeReport>
+where
+    E: AttentionEngine<PageBuf> + for<'a> AttentionEngine<PageView<'a>>,
+{
     let spec = ModelSpec::SMALL;
     let model = Model::new(spec, cfg.seed);
     let layout = layout(&spec)?;
@@ -158,7 +158,6 @@ pub fn serve<E: AttentionEngine<PageBuf>>(
         cfg.capacity_pages,
         LruPolicy::new(cfg.capacity_pages),
     )?;
-    let mut pages = PageBuf::new(layout, cfg.capacity_pages)?;
     let coord = Coordinator::new(layout, HashSecret::from_bytes(*b"kvslice-serve-!!"));
 
     // With reuse.
@@ -175,23 +174,28 @@ pub fn serve<E: AttentionEngine<PageBuf>>(
         let mut held: Vec<PageRef<'_, 'static>> = Vec::new();
         let hits = store.lookup_prefix(&keys[..cacheable], cacheable * bt, &guard, &mut held)?;
         let need = (tokens.len() + cfg.decode_steps).div_ceil(bt) - hits;
-        let fresh: Vec<PageMut<'_, 'static>> = store.allocate(need as u32, &guard)?;
+        let mut fresh: Vec<PageMut<'_, 'static>> = store.allocate(need as u32, &guard)?;
         let table: Vec<PageId> = held
             .iter()
             .map(|r| r.handle().id())
             .chain(fresh.iter().map(|p| p.handle().id()))
             .collect();
         let start = hits * bt;
-        let logits = model.forward(engine, &mut pages, &table, start, &tokens[start..])?;
-        let generation = decode(
-            &model,
-            engine,
-            &mut pages,
-            &table,
-            tokens.len(),
-            logits,
-            cfg.decode_steps,
-        )?;
+        let generation = {
+            let mut view = PageView::new(store.pool());
+            held.iter().for_each(|r| view.add_ref(r));
+            fresh.iter_mut().for_each(|p| view.add_mut(p));
+            let logits = model.forward(engine, &mut view, &table, start, &tokens[start..])?;
+            decode(
+                &model,
+                engine,
+                &mut view,
+                &table,
+                tokens.len(),
+                logits,
+                cfg.decode_steps,
+            )?
+        };
         // Publish the prompt's newly computed full blocks, parent first.
         let full = tokens.len() / bt;
         for (i, page) in (hits..).zip(fresh) {
@@ -255,7 +259,7 @@ pub fn serve<E: AttentionEngine<PageBuf>>(
         tokens_per_sec_scratch: all_tokens / scratch_secs,
         max_logit_rel_diff: max_diff,
         tokens_match,
-        kv_bytes: pages.bytes().len(),
+        kv_bytes: store.pool().capacity() as usize * layout.page_bytes(),
         weight_bytes: model.weight_bytes(),
     })
 }

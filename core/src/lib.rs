@@ -67,7 +67,7 @@ pub use page::{
     write_kv,
 };
 pub use pool::{
-    AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, RefToken,
+    AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, PageView, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
 pub use store::{CacheStore, Priority, StoreStats};

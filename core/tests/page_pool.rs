@@ -240,3 +240,31 @@ fn typed_views_cover_each_head_region() {
         assert_eq!(decoded, want);
     }
 }
+
+#[test]
+fn page_views_expose_only_held_pages() {
+    use kvslice_core::{PageMemory, PageMemoryMut, PageView};
+    let pool = PagePool::new(layout(), 3).unwrap();
+    let mut w = pool.alloc().unwrap();
+    w.bytes_mut().fill(5);
+    let r = pool.alloc().unwrap().publish();
+    let other = pool.alloc().unwrap();
+    let (wid, rid, oid) = (w.handle().id(), r.handle().id(), other.handle().id());
+    let mut view = PageView::new(&pool);
+    view.add_mut(&mut w);
+    view.add_ref(&r);
+    assert_eq!(view.num_pages(), 3);
+    assert!(view.page(wid).unwrap().iter().all(|&b| b == 5));
+    assert!(view.page(rid).is_ok());
+    view.page_mut(wid).unwrap()[0] = 9;
+    assert!(
+        matches!(view.page_mut(rid), Err(Error::InvalidValue(_))),
+        "cached pages are immutable"
+    );
+    assert!(
+        matches!(view.page(oid), Err(Error::OutOfRange { .. })),
+        "pages not held are invisible"
+    );
+    drop(view);
+    assert_eq!(w.bytes()[0], 9);
+}

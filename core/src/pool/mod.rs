@@ -22,6 +22,7 @@ mod free_list;
 mod guard;
 mod state;
 mod storage;
+mod view;
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -29,6 +30,7 @@ use core::sync::atomic::AtomicU64 as StdAtomicU64;
 
 pub use guard::{AllocMany, Evicting, PageMut, PageRef, RefToken};
 pub use state::Life;
+pub use view::PageView;
 
 use self::free_list::FreeList;
 use self::state::PageState;
