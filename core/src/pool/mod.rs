@@ -255,17 +255,24 @@ impl<'m> PagePool<'m> {
     /// writer's reference.
     #[inline]
     fn start_filling(&self, index: u32, generation: u32) -> PageMut<'_, 'm> {
-        let word = &self.states[index as usize];
-        debug_assert_eq!(
-            PageState::unpack(word.load(Ordering::Relaxed)),
+        self.hand_to_writer(
+            index,
             PageState {
                 generation,
                 refs: 0,
-                life: Life::Free
-            }
-        );
-        // We own the popped page exclusively, so a store is enough; Release
-        // pairs with later acquirers of the state.
+                life: Life::Free,
+            },
+            generation,
+        )
+    }
+
+    /// Makes a page the caller owns exclusively (just popped, or Evicting)
+    /// Filling at `generation`, with the writer's reference. Nobody else
+    /// writes an owned page's word, so a store is enough; Release pairs
+    /// with later acquirers of the state.
+    fn hand_to_writer(&self, index: u32, expected: PageState, generation: u32) -> PageMut<'_, 'm> {
+        let word = &self.states[index as usize];
+        debug_assert_eq!(PageState::unpack(word.load(Ordering::Relaxed)), expected);
         word.store(
             PageState {
                 generation,
@@ -453,32 +460,12 @@ impl<'m> PagePool<'m> {
     /// Turns an Evicting page straight into a Filling one of the next
     /// generation. The caller's `Evicting` guard owns the page exclusively.
     fn refill_evicting(&self, h: PageHandle) -> PageMut<'_, 'm> {
-        let word = &self.states[h.index as usize];
-        debug_assert_eq!(
-            PageState::unpack(word.load(Ordering::Relaxed)),
-            PageState {
-                generation: h.generation,
-                refs: 0,
-                life: Life::Evicting
-            }
-        );
-        let generation = h.generation.wrapping_add(1);
-        word.store(
-            PageState {
-                generation,
-                refs: 1,
-                life: Life::Filling,
-            }
-            .pack(),
-            Ordering::Release,
-        );
-        PageMut {
-            pool: self,
-            handle: PageHandle {
-                index: h.index,
-                generation,
-            },
-        }
+        let evicting = PageState {
+            generation: h.generation,
+            refs: 0,
+            life: Life::Evicting,
+        };
+        self.hand_to_writer(h.index, evicting, h.generation.wrapping_add(1))
     }
 
     /// Frees a page the caller's guard owns exclusively. A Filling or
