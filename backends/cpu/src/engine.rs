@@ -96,34 +96,34 @@ struct Task {
     q_base: usize,
 }
 
-/// Streaming-softmax state of one query row over some keys.
+/// Streaming-softmax state of a task's query rows over some keys.
 #[derive(Debug, Clone)]
-struct Partial {
-    max: f32,
-    sum: f32,
+struct Partials {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// `rows × head_dim`.
     acc: Vec<f32>,
 }
 
-impl Partial {
-    fn new(hd: usize) -> Self {
-        Self {
-            max: f32::NEG_INFINITY,
-            sum: 0.0,
-            acc: vec![0.0; hd],
-        }
+impl Partials {
+    fn new(rows: usize, hd: usize) -> Self {
+        Self { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] }
     }
 
-    /// Folds `other` in (log-sum-exp merge).
-    fn merge(&mut self, other: &Partial, k: &Kernels) {
-        if other.sum == 0.0 {
-            return;
+    /// Folds `other` in, row by row (log-sum-exp merge).
+    fn merge(&mut self, other: &Partials, hd: usize, k: &Kernels) {
+        for r in 0..self.max.len() {
+            if other.sum[r] == 0.0 {
+                continue;
+            }
+            let max = self.max[r].max(other.max[r]);
+            let (a, b) = ((self.max[r] - max).exp(), (other.max[r] - max).exp());
+            let acc = &mut self.acc[r * hd..(r + 1) * hd];
+            acc.iter_mut().for_each(|x| *x *= a);
+            (k.axpy)(acc, b, &other.acc[r * hd..(r + 1) * hd]);
+            self.sum[r] = self.sum[r] * a + other.sum[r] * b;
+            self.max[r] = max;
         }
-        let max = self.max.max(other.max);
-        let (a, b) = ((self.max - max).exp(), (other.max - max).exp());
-        self.acc.iter_mut().for_each(|x| *x *= a);
-        (k.axpy)(&mut self.acc, b, &other.acc);
-        self.sum = self.sum * a + other.sum * b;
-        self.max = max;
     }
 }
 
@@ -161,7 +161,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             }
             q_base += s.q_len;
         }
-        let results: Vec<Mutex<Option<Vec<Partial>>>> =
+        let results: Vec<Mutex<Option<Partials>>> =
             tasks.iter().map(|_| Mutex::new(None)).collect();
         let next = AtomicUsize::new(0);
         let failure: Mutex<Option<Error>> = Mutex::new(None);
@@ -204,19 +204,16 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             i += 1;
             while i < tasks.len() && tasks[i].seq == t.seq && tasks[i].kv_head == t.kv_head {
                 let more = results[i].lock().unwrap().take().expect("every task ran");
-                for (m, p) in merged.iter_mut().zip(&more) {
-                    m.merge(p, &self.kernels);
-                }
+                merged.merge(&more, hd, &self.kernels);
                 i += 1;
             }
-            let q_len = batch.seqs[t.seq].q_len;
-            for (r, p) in merged.iter().enumerate() {
-                // Rows are (query head in group) × (query token).
-                let (g, tok) = (r / q_len, r % q_len);
+            for r in 0..merged.max.len() {
+                // Rows are (query token) × (query head in group).
+                let (tok, g) = (r / ratio, r % ratio);
                 let qh = t.kv_head as usize * ratio + g;
                 let at = (t.q_base + tok) * row + qh * hd;
-                let inv = 1.0 / p.sum;
-                for (o, a) in out[at..at + hd].iter_mut().zip(&p.acc) {
+                let inv = 1.0 / merged.sum[r];
+                for (o, a) in out[at..at + hd].iter_mut().zip(&merged.acc[r * hd..(r + 1) * hd]) {
                     *o = a * inv;
                 }
             }
@@ -232,6 +229,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
 /// Per-thread buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
+    q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     scores: Vec<f32>,
@@ -247,7 +245,7 @@ impl CpuEngine {
         shape: &BatchShape,
         t: &Task,
         scratch: &mut Scratch,
-    ) -> Result<Vec<Partial>> {
+    ) -> Result<Partials> {
         let k = &self.kernels;
         let layout = &shape.layout;
         let (hd, bt) = (layout.head_dim() as usize, layout.block_tokens() as usize);
@@ -257,12 +255,21 @@ impl CpuEngine {
         let row = shape.shard.num_q_heads() as usize * hd;
         let seq = &batch.seqs[t.seq];
         let q_len = seq.q_len;
-        let mut parts: Vec<Partial> = (0..ratio * q_len).map(|_| Partial::new(hd)).collect();
+        let rows = ratio * q_len;
+        // The group's query rows, token-major then head in group, pre-scaled.
+        // Token-major puts the rows a causal block can see in one suffix.
+        scratch.q.clear();
+        for r in 0..rows {
+            let (tok, g) = (r / ratio, r % ratio);
+            let at = (t.q_base + tok) * row + (t.kv_head as usize * ratio + g) * hd;
+            scratch.q.extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
+        }
+        let mut part = Partials::new(rows, hd);
         let k_region = layout.head_region(KvPart::K, shape.layer_in_group, t.kv_head)?;
         let v_region = layout.head_region(KvPart::V, shape.layer_in_group, t.kv_head)?;
         scratch.k.resize(bt * hd, 0.0);
         scratch.v.resize(bt * hd, 0.0);
-        scratch.scores.resize(bt, 0.0);
+        scratch.scores.resize(rows * bt, 0.0);
         let mut pos = t.start;
         while pos < t.end {
             let block = pos / bt;
@@ -275,38 +282,36 @@ impl CpuEngine {
             // Widen this block's K and V once for the whole GQA group.
             k.widen(dtype, kb, &mut scratch.k[..n * hd]);
             k.widen(dtype, vb, &mut scratch.v[..n * hd]);
-            for (r, p) in parts.iter_mut().enumerate() {
-                let (g, tok) = (r / q_len, r % q_len);
-                let qh = t.kv_head as usize * ratio + g;
-                let at = (t.q_base + tok) * row + qh * hd;
-                let q = &batch.queries[at..at + hd];
-                // Causal, bottom-right aligned: this query sees keys
-                // 0..=kv_len - q_len + tok.
-                let visible = (seq.kv_len - q_len + tok + 1).saturating_sub(pos).min(n);
-                if visible == 0 {
-                    continue;
-                }
-                let scores = &mut scratch.scores[..visible];
-                let mut block_max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = batch.scale * (k.dot)(q, &scratch.k[j * hd..(j + 1) * hd]);
-                    block_max = block_max.max(*s);
-                }
-                let max = p.max.max(block_max);
-                let rescale = (p.max - max).exp();
-                if rescale != 1.0 {
-                    p.acc.iter_mut().for_each(|x| *x *= rescale);
-                }
-                p.sum *= rescale;
-                for (j, s) in scores.iter().enumerate() {
-                    let w = (s - max).exp();
-                    p.sum += w;
-                    (k.axpy)(&mut p.acc, w, &scratch.v[j * hd..(j + 1) * hd]);
-                }
-                p.max = max;
+            // Causal, bottom-right aligned: token `tok` sees keys
+            // 0..=kv_len - q_len + tok, so tokens before `first_tok` see
+            // nothing in this block.
+            let first_tok = (pos + q_len).saturating_sub(seq.kv_len);
+            if first_tok >= q_len {
+                pos += n;
+                continue;
             }
+            let first = first_tok * ratio;
+            let live = rows - first;
+            let scores = &mut scratch.scores[..live * n];
+            (k.scores)(&scratch.q[first * hd..], live, &scratch.k[..n * hd], n, scores);
+            for r in first..rows {
+                let s = &mut scores[(r - first) * n..(r - first + 1) * n];
+                let visible = (seq.kv_len - q_len + r / ratio + 1).saturating_sub(pos).min(n);
+                let block_max = s[..visible].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let max = part.max[r].max(block_max);
+                let rescale = (part.max[r] - max).exp();
+                if rescale != 1.0 {
+                    part.acc[r * hd..(r + 1) * hd].iter_mut().for_each(|x| *x *= rescale);
+                }
+                s[..visible].iter_mut().for_each(|x| *x -= max);
+                (k.exp)(&mut s[..visible]);
+                s[visible..].fill(0.0);
+                part.sum[r] = part.sum[r] * rescale + s[..visible].iter().sum::<f32>();
+                part.max[r] = max;
+            }
+            (k.weighted_sum)(scores, live, &scratch.v[..n * hd], n, &mut part.acc[first * hd..]);
             pos += n;
         }
-        Ok(parts)
+        Ok(part)
     }
 }

@@ -17,6 +17,9 @@ pub(super) fn kernels() -> Option<Kernels> {
         widen_f32,
         dot,
         axpy,
+        exp,
+        scores,
+        weighted_sum,
     })
 }
 
@@ -58,6 +61,214 @@ fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
     // SAFETY: reads `n` of `x`, reads and writes `n` of `acc`, in bounds;
     // AVX2 and FMA are present.
     unsafe { axpy_avx2(acc.as_mut_ptr(), w, x.as_ptr(), n) }
+}
+
+fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
+    let d = q.len() / rows.max(1);
+    assert!(
+        k.len() >= n * d && out.len() >= rows * n && q.len() >= rows * d,
+        "scores: shapes"
+    );
+    // SAFETY: the assert bounds every access made below; AVX2 and FMA are
+    // present.
+    unsafe { scores_avx2(q.as_ptr(), rows, k.as_ptr(), n, d, out.as_mut_ptr()) }
+}
+
+fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]) {
+    let d = acc.len() / rows.max(1);
+    assert!(
+        p.len() >= rows * n && v.len() >= n * d && acc.len() >= rows * d,
+        "weighted_sum: shapes"
+    );
+    // SAFETY: the assert bounds every access made below; AVX2 and FMA are
+    // present.
+    unsafe { weighted_sum_avx2(p.as_ptr(), rows, v.as_ptr(), n, d, acc.as_mut_ptr()) }
+}
+
+/// Horizontal sum of eight lanes.
+#[target_feature(enable = "avx2")]
+fn hsum(s: __m256) -> f32 {
+    let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
+}
+
+/// # Safety
+/// `q` is valid for `rows·d` reads, `k` for `n·d`, `out` for `rows·n`
+/// writes; AVX2 and FMA are present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_avx2(
+    q: *const f32,
+    rows: usize,
+    k: *const f32,
+    n: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    // SAFETY: every pointer offset below stays under `n·d` (keys), `rows·d`
+    // (queries) or `rows·n` (scores) by the loop bounds, as the contract
+    // requires; AVX2 and FMA are present.
+    unsafe {
+        let lanes = d / 8 * 8;
+        for j in 0..n {
+            let kj = k.add(j * d);
+            let mut r = 0;
+            // Four queries share each load of the key row.
+            while r + 4 <= rows {
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut c = 0;
+                while c < lanes {
+                    let kv = _mm256_loadu_ps(kj.add(c));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add((r + i) * d + c)), kv, *a);
+                    }
+                    c += 8;
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    let mut t = hsum(*a);
+                    for e in lanes..d {
+                        t += *q.add((r + i) * d + e) * *kj.add(e);
+                    }
+                    *out.add((r + i) * n + j) = t;
+                }
+                r += 4;
+            }
+            while r < rows {
+                let mut a = _mm256_setzero_ps();
+                let mut c = 0;
+                while c < lanes {
+                    a = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(q.add(r * d + c)),
+                        _mm256_loadu_ps(kj.add(c)),
+                        a,
+                    );
+                    c += 8;
+                }
+                let mut t = hsum(a);
+                for e in lanes..d {
+                    t += *q.add(r * d + e) * *kj.add(e);
+                }
+                *out.add(r * n + j) = t;
+                r += 1;
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `p` is valid for `rows·n` reads, `v` for `n·d`, `acc` for `rows·d` reads
+/// and writes; AVX2 and FMA are present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_sum_avx2(
+    p: *const f32,
+    rows: usize,
+    v: *const f32,
+    n: usize,
+    d: usize,
+    acc: *mut f32,
+) {
+    // SAFETY: every pointer offset below stays under `rows·n` (weights),
+    // `n·d` (values) or `rows·d` (accumulators) by the loop bounds, as the
+    // contract requires; AVX2 and FMA are present.
+    unsafe {
+        let lanes = d / 8 * 8;
+        let mut r = 0;
+        while r < rows {
+            let g = (rows - r).min(4);
+            let mut c = 0;
+            while c < lanes {
+                let mut a = [_mm256_setzero_ps(); 4];
+                for (i, x) in a.iter_mut().enumerate().take(g) {
+                    *x = _mm256_loadu_ps(acc.add((r + i) * d + c));
+                }
+                for j in 0..n {
+                    let vj = _mm256_loadu_ps(v.add(j * d + c));
+                    for (i, x) in a.iter_mut().enumerate().take(g) {
+                        *x = _mm256_fmadd_ps(_mm256_set1_ps(*p.add((r + i) * n + j)), vj, *x);
+                    }
+                }
+                for (i, x) in a.iter().enumerate().take(g) {
+                    _mm256_storeu_ps(acc.add((r + i) * d + c), *x);
+                }
+                c += 8;
+            }
+            for i in 0..g {
+                for e in lanes..d {
+                    let mut t = 0f32;
+                    for j in 0..n {
+                        t += *p.add((r + i) * n + j) * *v.add(j * d + e);
+                    }
+                    *acc.add((r + i) * d + e) += t;
+                }
+            }
+            r += g;
+        }
+    }
+}
+
+fn exp(xs: &mut [f32]) {
+    let n = xs.len();
+    // SAFETY: reads and writes `n` elements of `xs`, in bounds; AVX2 and FMA
+    // are present.
+    unsafe { exp_avx2(xs.as_mut_ptr(), n) }
+}
+
+/// `e^x` for eight lanes: `x = n·ln2 + r`, a degree-6 polynomial for `e^r`
+/// (Cephes' `expf` coefficients), and `2^n` built in the exponent bits.
+#[target_feature(enable = "avx2,fma")]
+fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
+        _mm256_set1_ps(88.7),
+    );
+    let n = _mm256_floor_ps(_mm256_fmadd_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+        _mm256_set1_ps(0.5),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+        _mm256_set1_ps(1.0),
+    );
+    let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    ));
+    _mm256_mul_ps(y, pow2n)
+}
+
+/// # Safety
+/// `xs` is valid for `n` reads and writes; AVX2 and FMA are present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_avx2(xs: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `i + 8 <= n`.
+        unsafe { _mm256_storeu_ps(xs.add(i), exp8(_mm256_loadu_ps(xs.add(i)))) };
+        i += 8;
+    }
+    if i < n {
+        // The tail through a stack buffer, so it uses the same polynomial.
+        let mut buf = [0f32; 8];
+        // SAFETY: `n - i < 8` elements are read from and written back to `xs`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(xs.add(i), buf.as_mut_ptr(), n - i);
+            _mm256_storeu_ps(buf.as_mut_ptr(), exp8(_mm256_loadu_ps(buf.as_ptr())));
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), xs.add(i), n - i);
+        }
+    }
 }
 
 /// # Safety

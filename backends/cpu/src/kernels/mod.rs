@@ -22,6 +22,14 @@ pub struct Kernels {
     pub dot: fn(&[f32], &[f32]) -> f32,
     /// `acc[i] += w·x[i]` over equal-length slices.
     pub axpy: fn(&mut [f32], f32, &[f32]),
+    /// `x[i] = e^x[i]` in place (relative error about 1e-7).
+    pub exp: fn(&mut [f32]),
+    /// Scores of `rows` queries against `n` keys: `out[r·n + j] =
+    /// q[r]·k[j]`, with `q` `rows × d` and `k` `n × d` (`d = q.len() / rows`).
+    pub scores: fn(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]),
+    /// `acc[r] += Σ_j p[r·n + j] · v[j]` for `rows` accumulators of width `d`,
+    /// with `v` `n × d`.
+    pub weighted_sum: fn(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]),
 }
 
 impl std::fmt::Debug for Kernels {
@@ -79,6 +87,48 @@ mod tests {
             for k in all() {
                 let got = (k.dot)(&a, &b);
                 assert!((f64::from(got) - want).abs() < 1e-4, "{} dot n={n}", k.name);
+                let mut e: Vec<f32> = a.iter().map(|x| x * 30.0 - 20.0).collect();
+                let want_e: Vec<f64> = e.iter().map(|x| f64::from(*x).exp()).collect();
+                (k.exp)(&mut e);
+                for (g, w) in e.iter().zip(&want_e) {
+                    assert!(
+                        (f64::from(*g) - w).abs() <= 2e-7 * w.abs() + 1e-37,
+                        "{} exp: {g} vs {w}",
+                        k.name
+                    );
+                }
+                // Matrix kernels against the row-at-a-time ones.
+                for rows in [1usize, 3, 4, 5] {
+                    let keys = 6;
+                    let q: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.7).sin()).collect();
+                    let kk: Vec<f32> = (0..keys * n).map(|i| (i as f32 * 0.3).cos()).collect();
+                    let mut s = vec![0f32; rows * keys];
+                    (k.scores)(&q, rows, &kk, keys, &mut s);
+                    let mut acc = vec![0.5f32; rows * n];
+                    let mut want_acc = acc.clone();
+                    (k.weighted_sum)(&s, rows, &kk, keys, &mut acc);
+                    for r in 0..rows {
+                        for j in 0..keys {
+                            let want = (Kernels::scalar().dot)(
+                                &q[r * n..(r + 1) * n],
+                                &kk[j * n..(j + 1) * n],
+                            );
+                            assert!((s[r * keys + j] - want).abs() < 1e-4, "{} scores", k.name);
+                            (Kernels::scalar().axpy)(
+                                &mut want_acc[r * n..(r + 1) * n],
+                                s[r * keys + j],
+                                &kk[j * n..(j + 1) * n],
+                            );
+                        }
+                    }
+                    for (x, y) in acc.iter().zip(&want_acc) {
+                        assert!(
+                            (x - y).abs() < 1e-3 * (1.0 + y.abs()),
+                            "{} weighted_sum rows={rows} n={n}",
+                            k.name
+                        );
+                    }
+                }
                 let mut acc = b.clone();
                 (k.axpy)(&mut acc, 0.5, &a);
                 for i in 0..n {

@@ -12,6 +12,9 @@ pub(super) fn kernels() -> Kernels {
         widen_f32,
         dot,
         axpy,
+        exp,
+        scores,
+        weighted_sum,
     }
 }
 
@@ -50,5 +53,31 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
     for (a, v) in acc.iter_mut().zip(x) {
         *a += w * v;
+    }
+}
+
+fn exp(xs: &mut [f32]) {
+    xs.iter_mut().for_each(|x| *x = x.exp());
+}
+
+fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
+    let d = q.len() / rows.max(1);
+    for r in 0..rows {
+        for j in 0..n {
+            out[r * n + j] = dot(&q[r * d..(r + 1) * d], &k[j * d..(j + 1) * d]);
+        }
+    }
+}
+
+fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]) {
+    let d = acc.len() / rows.max(1);
+    for r in 0..rows {
+        for j in 0..n {
+            axpy(
+                &mut acc[r * d..(r + 1) * d],
+                p[r * n + j],
+                &v[j * d..(j + 1) * d],
+            );
+        }
     }
 }
