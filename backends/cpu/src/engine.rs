@@ -107,7 +107,11 @@ struct Partials {
 
 impl Partials {
     fn new(rows: usize, hd: usize) -> Self {
-        Self { max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * hd] }
+        Self {
+            max: vec![f32::NEG_INFINITY; rows],
+            sum: vec![0.0; rows],
+            acc: vec![0.0; rows * hd],
+        }
     }
 
     /// Folds `other` in, row by row (log-sum-exp merge).
@@ -213,7 +217,10 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
                 let qh = t.kv_head as usize * ratio + g;
                 let at = (t.q_base + tok) * row + qh * hd;
                 let inv = 1.0 / merged.sum[r];
-                for (o, a) in out[at..at + hd].iter_mut().zip(&merged.acc[r * hd..(r + 1) * hd]) {
+                for (o, a) in out[at..at + hd]
+                    .iter_mut()
+                    .zip(&merged.acc[r * hd..(r + 1) * hd])
+                {
                     *o = a * inv;
                 }
             }
@@ -262,7 +269,9 @@ impl CpuEngine {
         for r in 0..rows {
             let (tok, g) = (r / ratio, r % ratio);
             let at = (t.q_base + tok) * row + (t.kv_head as usize * ratio + g) * hd;
-            scratch.q.extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
+            scratch
+                .q
+                .extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
         }
         let mut part = Partials::new(rows, hd);
         let k_region = layout.head_region(KvPart::K, shape.layer_in_group, t.kv_head)?;
@@ -293,15 +302,28 @@ impl CpuEngine {
             let first = first_tok * ratio;
             let live = rows - first;
             let scores = &mut scratch.scores[..live * n];
-            (k.scores)(&scratch.q[first * hd..], live, &scratch.k[..n * hd], n, scores);
+            (k.scores)(
+                &scratch.q[first * hd..],
+                live,
+                &scratch.k[..n * hd],
+                n,
+                scores,
+            );
             for r in first..rows {
                 let s = &mut scores[(r - first) * n..(r - first + 1) * n];
-                let visible = (seq.kv_len - q_len + r / ratio + 1).saturating_sub(pos).min(n);
-                let block_max = s[..visible].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let visible = (seq.kv_len - q_len + r / ratio + 1)
+                    .saturating_sub(pos)
+                    .min(n);
+                let block_max = s[..visible]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let max = part.max[r].max(block_max);
                 let rescale = (part.max[r] - max).exp();
                 if rescale != 1.0 {
-                    part.acc[r * hd..(r + 1) * hd].iter_mut().for_each(|x| *x *= rescale);
+                    part.acc[r * hd..(r + 1) * hd]
+                        .iter_mut()
+                        .for_each(|x| *x *= rescale);
                 }
                 s[..visible].iter_mut().for_each(|x| *x -= max);
                 (k.exp)(&mut s[..visible]);
@@ -309,7 +331,13 @@ impl CpuEngine {
                 part.sum[r] = part.sum[r] * rescale + s[..visible].iter().sum::<f32>();
                 part.max[r] = max;
             }
-            (k.weighted_sum)(scores, live, &scratch.v[..n * hd], n, &mut part.acc[first * hd..]);
+            (k.weighted_sum)(
+                scores,
+                live,
+                &scratch.v[..n * hd],
+                n,
+                &mut part.acc[first * hd..],
+            );
             pos += n;
         }
         Ok(part)
