@@ -110,47 +110,44 @@ unsafe fn scores_avx2(
     // requires; AVX2 and FMA are present.
     unsafe {
         let lanes = d / 8 * 8;
-        for j in 0..n {
-            let kj = k.add(j * d);
-            let mut r = 0;
-            // Four queries share each load of the key row.
-            while r + 4 <= rows {
-                let mut acc = [_mm256_setzero_ps(); 4];
+        // Dot product of query row `r` with key `j`, scalar tail included.
+        let finish = |sum: __m256, r: usize, j: usize| {
+            let mut t = hsum(sum);
+            for e in lanes..d {
+                t += *q.add(r * d + e) * *k.add(j * d + e);
+            }
+            *out.add(r * n + j) = t;
+        };
+        let mut r = 0;
+        while r < rows {
+            // Up to four query rows share each key load, and two keys each
+            // query load: 8 accumulators, 6 loads per 8 FMAs.
+            let g = (rows - r).min(4);
+            let mut j = 0;
+            while j < n {
+                let two = j + 1 < n;
+                let (k0, k1) = (k.add(j * d), k.add((j + usize::from(two)) * d));
+                let mut a0 = [_mm256_setzero_ps(); 4];
+                let mut a1 = [_mm256_setzero_ps(); 4];
                 let mut c = 0;
                 while c < lanes {
-                    let kv = _mm256_loadu_ps(kj.add(c));
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add((r + i) * d + c)), kv, *a);
+                    let (kv0, kv1) = (_mm256_loadu_ps(k0.add(c)), _mm256_loadu_ps(k1.add(c)));
+                    for i in 0..g {
+                        let qv = _mm256_loadu_ps(q.add((r + i) * d + c));
+                        a0[i] = _mm256_fmadd_ps(qv, kv0, a0[i]);
+                        a1[i] = _mm256_fmadd_ps(qv, kv1, a1[i]);
                     }
                     c += 8;
                 }
-                for (i, a) in acc.iter().enumerate() {
-                    let mut t = hsum(*a);
-                    for e in lanes..d {
-                        t += *q.add((r + i) * d + e) * *kj.add(e);
+                for i in 0..g {
+                    finish(a0[i], r + i, j);
+                    if two {
+                        finish(a1[i], r + i, j + 1);
                     }
-                    *out.add((r + i) * n + j) = t;
                 }
-                r += 4;
+                j += 2;
             }
-            while r < rows {
-                let mut a = _mm256_setzero_ps();
-                let mut c = 0;
-                while c < lanes {
-                    a = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(q.add(r * d + c)),
-                        _mm256_loadu_ps(kj.add(c)),
-                        a,
-                    );
-                    c += 8;
-                }
-                let mut t = hsum(a);
-                for e in lanes..d {
-                    t += *q.add(r * d + e) * *kj.add(e);
-                }
-                *out.add(r * n + j) = t;
-                r += 1;
-            }
+            r += g;
         }
     }
 }
@@ -176,21 +173,35 @@ unsafe fn weighted_sum_avx2(
         while r < rows {
             let g = (rows - r).min(4);
             let mut c = 0;
+            // Sixteen columns at a time: up to four rows × two vectors of
+            // accumulators stay in registers across all `n` keys.
             while c < lanes {
-                let mut a = [_mm256_setzero_ps(); 4];
-                for (i, x) in a.iter_mut().enumerate().take(g) {
-                    *x = _mm256_loadu_ps(acc.add((r + i) * d + c));
+                let wide = c + 16 <= lanes;
+                let c1 = if wide { c + 8 } else { c };
+                let mut a0 = [_mm256_setzero_ps(); 4];
+                let mut a1 = [_mm256_setzero_ps(); 4];
+                for i in 0..g {
+                    a0[i] = _mm256_loadu_ps(acc.add((r + i) * d + c));
+                    a1[i] = _mm256_loadu_ps(acc.add((r + i) * d + c1));
                 }
                 for j in 0..n {
-                    let vj = _mm256_loadu_ps(v.add(j * d + c));
-                    for (i, x) in a.iter_mut().enumerate().take(g) {
-                        *x = _mm256_fmadd_ps(_mm256_set1_ps(*p.add((r + i) * n + j)), vj, *x);
+                    let v0 = _mm256_loadu_ps(v.add(j * d + c));
+                    let v1 = _mm256_loadu_ps(v.add(j * d + c1));
+                    for i in 0..g {
+                        let w = _mm256_set1_ps(*p.add((r + i) * n + j));
+                        a0[i] = _mm256_fmadd_ps(w, v0, a0[i]);
+                        if wide {
+                            a1[i] = _mm256_fmadd_ps(w, v1, a1[i]);
+                        }
                     }
                 }
-                for (i, x) in a.iter().enumerate().take(g) {
-                    _mm256_storeu_ps(acc.add((r + i) * d + c), *x);
+                for i in 0..g {
+                    _mm256_storeu_ps(acc.add((r + i) * d + c), a0[i]);
+                    if wide {
+                        _mm256_storeu_ps(acc.add((r + i) * d + c1), a1[i]);
+                    }
                 }
-                c += 8;
+                c += if wide { 16 } else { 8 };
             }
             for i in 0..g {
                 for e in lanes..d {
