@@ -60,9 +60,15 @@ pub fn attention(data: &[u8]) {
         reference.iter().all(|x| x.is_finite()),
         "NaN or inf from finite input"
     );
+    // Outputs are averages of values in [-1, 1] and can cancel to nearly
+    // zero (found by this fuzzer with head_dim 1), so errors are bounded in
+    // absolute terms as well as relative ones.
     let want = sc.naive_f64(layer, shard, &q, scale).expect("in range");
-    let err = max_rel_err(&reference, &want);
-    assert!(err <= 1e-4, "reference vs f64: relative error {err:e}");
+    assert!(
+        all_close(&reference, &want, 1e-6, 1e-5),
+        "reference vs f64: max relative error {:e}",
+        max_rel_err(&reference, &want)
+    );
 
     let engine = CpuEngine::new()
         .with_threads(small(&mut u, 1, 3) as usize)
@@ -78,8 +84,11 @@ pub fn attention(data: &[u8]) {
         .expect("valid batch");
     let reference: Vec<f64> = reference.iter().map(|&x| f64::from(x)).collect();
     if dtype == KvDtype::F32 {
-        let err = max_rel_err(&out, &reference);
-        assert!(err <= 1e-5, "cpu vs reference: relative error {err:e}");
+        assert!(
+            all_close(&out, &reference, 1e-6, 1e-5),
+            "cpu vs reference: max relative error {:e}",
+            max_rel_err(&out, &reference)
+        );
     } else {
         let (atol, rtol) = tolerance(dtype);
         assert!(
