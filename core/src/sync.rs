@@ -3,8 +3,15 @@
 //! explore every interleaving of the same code. Also a small spin lock for
 //! the few structures that are serial by nature (exact LRU).
 
-use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
+
+// Under loom the lock's cell is loom's, so a guard access that is not
+// ordered after the previous holder's is reported as a data race.
+#[cfg(kvslice_loom)]
+use loom::cell::UnsafeCell;
+
+#[cfg(not(kvslice_loom))]
+use core::cell::UnsafeCell;
 
 #[cfg(kvslice_loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -65,18 +72,27 @@ pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
 }
 
+impl<T> SpinGuard<'_, T> {
+    fn ptr(&self) -> *mut T {
+        #[cfg(kvslice_loom)]
+        return self.lock.value.with_mut(|p| p);
+        #[cfg(not(kvslice_loom))]
+        return self.lock.value.get();
+    }
+}
+
 impl<T> Deref for SpinGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: this guard holds the lock, so no `&mut T` exists elsewhere.
-        unsafe { &*self.lock.value.get() }
+        unsafe { &*self.ptr() }
     }
 }
 
 impl<T> DerefMut for SpinGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: this guard holds the lock exclusively.
-        unsafe { &mut *self.lock.value.get() }
+        unsafe { &mut *self.ptr() }
     }
 }
 
