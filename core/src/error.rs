@@ -78,8 +78,14 @@ pub enum Error {
     UnknownSequence(u64),
     /// A sequence id is registered already.
     DuplicateSequence(u64),
-    /// An accelerator, driver or shader failed; the text comes from it.
-    Device(String),
+    /// An accelerator, its driver or a shader failed.
+    Device {
+        /// What kind of failure, for callers that recover differently
+        /// (retry on a fresh device after loss, shrink after out-of-memory).
+        kind: DeviceFailure,
+        /// The driver's or validator's own words.
+        detail: String,
+    },
     /// A trace line could not be parsed.
     MalformedTrace {
         /// 1-based line number.
@@ -120,7 +126,7 @@ impl fmt::Display for Error {
             }
             Error::UnknownSequence(id) => write!(f, "unknown sequence {id}"),
             Error::DuplicateSequence(id) => write!(f, "sequence {id} already exists"),
-            Error::Device(why) => write!(f, "device error: {why}"),
+            Error::Device { kind, detail } => write!(f, "device error ({kind}): {detail}"),
             Error::MalformedTrace { line, reason } => {
                 write!(f, "malformed trace line {line}: {reason}")
             }
@@ -129,6 +135,45 @@ impl fmt::Display for Error {
 }
 
 impl core::error::Error for Error {}
+
+/// The kinds of [`Error::Device`].
+///
+/// ```
+/// use kvslice_core::{DeviceFailure, Error};
+///
+/// let e = Error::Device { kind: DeviceFailure::OutOfMemory, detail: "pool of 4 GiB".into() };
+/// assert_eq!(e.to_string(), "device error (out of memory): pool of 4 GiB");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceFailure {
+    /// No adapter matched (none present, or none named as asked).
+    NoAdapter,
+    /// The adapter lacks a feature or limit the request needs.
+    Unsupported,
+    /// The device was lost (driver reset, removal, destroyed); the engine
+    /// must be rebuilt.
+    Lost,
+    /// Device memory ran out.
+    OutOfMemory,
+    /// A shader or API call failed validation.
+    Validation,
+    /// Anything else the driver reported.
+    Internal,
+}
+
+impl fmt::Display for DeviceFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceFailure::NoAdapter => "no adapter",
+            DeviceFailure::Unsupported => "unsupported",
+            DeviceFailure::Lost => "device lost",
+            DeviceFailure::OutOfMemory => "out of memory",
+            DeviceFailure::Validation => "validation",
+            DeviceFailure::Internal => "internal",
+        })
+    }
+}
 
 /// Shorthand used throughout the crate.
 pub type Result<T, E = Error> = core::result::Result<T, E>;

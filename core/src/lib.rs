@@ -57,14 +57,14 @@ pub mod testkit;
 
 pub use coordinator::{BlockRef, Coordinator, Request, SlicePlan};
 pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, SeqAttention};
-pub use error::{Error, Result};
+pub use error::{DeviceFailure, Error, Result};
 pub use evict::{ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, TinyLfuPolicy};
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
 pub use map::{MapCensus, SliceMap};
 pub use page::{
-    KvRows, KvRowsMut, KvWrite, PageBuf, PageId, PageMemory, PageMemoryMut, read_head_rows,
-    write_kv,
+    KvRows, KvRowsMut, KvWrite, PageBuf, PageGeometry, PageId, PageMemory, PageMemoryMut,
+    WriteShape, read_head_rows, write_kv,
 };
 pub use pool::{
     AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, PageView, RefToken,

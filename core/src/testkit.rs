@@ -309,6 +309,16 @@ pub fn tolerance(dtype: crate::KvDtype) -> (f64, f64) {
 /// rtol 1.6e-2 (vLLM's tolerances). NaN never passes. Returns the number of
 /// comparisons made; panics with the case on a mismatch.
 pub fn accuracy_suite<E: crate::AttentionEngine<PageBuf>>(engine: &E) -> usize {
+    accuracy_suite_on(engine, |pages| pages.clone())
+}
+
+/// [`accuracy_suite`] for an engine whose pages live elsewhere (a device):
+/// `mirror` copies each scenario's host pages into the engine's memory once,
+/// and the engine then answers every batch of that scenario from its copy.
+pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
+    engine: &E,
+    mut mirror: impl FnMut(&PageBuf) -> P,
+) -> usize {
     use crate::{
         AttentionBatch, AttentionEngine, KvDtype, LayerGrouping, LayoutSpec, ReferenceEngine,
     };
@@ -339,6 +349,7 @@ pub fn accuracy_suite<E: crate::AttentionEngine<PageBuf>>(engine: &E) -> usize {
                 let seqs = workloads[(si + bt as usize) % workloads.len()];
                 let sc = Scenario::random(layout, seqs, &mut rng).expect("scenario");
                 let scale = 1.0 / libm::sqrtf(hd as f32);
+                let memory = mirror(&sc.pages);
                 for layer in 0..layers {
                     for shard in 0..shards {
                         let q = sc.random_queries(shard, &mut rng).expect("queries");
@@ -350,7 +361,7 @@ pub fn accuracy_suite<E: crate::AttentionEngine<PageBuf>>(engine: &E) -> usize {
                             .expect("reference");
                         let mut got = vec![f32::NAN; q.len()];
                         engine
-                            .attend(&sc.pages, &batch, &mut got)
+                            .attend(&memory, &batch, &mut got)
                             .expect("engine accepts a valid batch");
                         let want64: Vec<f64> = want.iter().map(|&x| f64::from(x)).collect();
                         let case = alloc::format!(

@@ -243,7 +243,7 @@ fn typed_views_cover_each_head_region() {
 
 #[test]
 fn page_views_expose_only_held_pages() {
-    use kvslice_core::{PageMemory, PageMemoryMut, PageView};
+    use kvslice_core::{PageGeometry, PageMemory, PageMemoryMut, PageView};
     let pool = PagePool::new(layout(), 3).unwrap();
     let mut w = pool.alloc().unwrap();
     w.bytes_mut().fill(5);

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result, check_index, check_len};
 use crate::layout::{HeadShard, KvLayout};
-use crate::page::{PageId, PageMemory};
+use crate::page::{PageGeometry, PageId};
 
 /// One sequence of a batch.
 #[derive(Debug, Clone, Copy)]
@@ -58,7 +58,7 @@ impl<'a> AttentionBatch<'a> {
     /// beyond `kv_len`, a context longer than its block table, a page id
     /// past the memory, non-finite queries, and query or output lengths that
     /// do not match.
-    pub fn validate<M: PageMemory + ?Sized>(
+    pub fn validate<M: PageGeometry + ?Sized>(
         &self,
         memory: &M,
         out_len: usize,

@@ -3,7 +3,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{PageId, PageMemory, PageMemoryMut};
+use super::{PageGeometry, PageId, PageMemory, PageMemoryMut};
 use crate::error::{Error, Result, check_index};
 use crate::layout::KvLayout;
 
@@ -53,7 +53,7 @@ impl PageBuf {
     }
 }
 
-impl PageMemory for PageBuf {
+impl PageGeometry for PageBuf {
     fn layout(&self) -> &KvLayout {
         &self.layout
     }
@@ -61,7 +61,9 @@ impl PageMemory for PageBuf {
     fn num_pages(&self) -> u32 {
         self.num_pages
     }
+}
 
+impl PageMemory for PageBuf {
     fn page(&self, id: PageId) -> Result<&[u8]> {
         let span = self.span(id)?;
         Ok(&self.bytes[span])

@@ -1,7 +1,8 @@
 //! Reading and writing token rows of K/V in pages, with dtype conversion.
 
-use super::{PageId, PageMemory, PageMemoryMut};
+use super::{PageGeometry, PageId, PageMemory, PageMemoryMut};
 use crate::error::{Error, Result, check_index, check_len};
+use crate::layout::KvLayout;
 use crate::layout::KvPart;
 
 /// Decodes the first `tokens` rows of one head's K or V matrix in `page`
@@ -63,6 +64,87 @@ pub struct KvWrite<'a> {
     pub v: &'a [f32],
 }
 
+impl KvWrite<'_> {
+    /// Checks the write against `memory` before anything is stored: layer
+    /// and shard in range, `k`/`v` whole rows of equal length, finite
+    /// values, positions inside the block table, and every touched page
+    /// inside the memory. Every backend's `write_kv` calls this first.
+    ///
+    /// ```
+    /// use kvslice_core::{KvDtype, KvLayout, KvWrite, LayoutSpec, PageBuf, PageId};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 2, 2, 2, 4, KvDtype::F16))?;
+    /// let pages = PageBuf::new(layout, 1)?;
+    /// let kv = [0.5f32; 2 * 2 * 2]; // two tokens, two kv heads
+    /// let w = KvWrite { layer: 0, shard: 0, block_table: &[PageId(0)], start: 2, k: &kv, v: &kv };
+    /// assert_eq!(w.validate(&pages)?.tokens, 2);
+    /// // Past the table's 4 slots:
+    /// assert!(KvWrite { start: 3, ..w }.validate(&pages).is_err());
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn validate<M: PageGeometry + ?Sized>(&self, memory: &M) -> Result<WriteShape> {
+        let w = self;
+        let layout = *memory.layout();
+        let (_, layer_in_group) = layout.layer_group(w.layer)?;
+        let shard = layout.head_shard(w.shard)?;
+        let heads = shard.num_kv_heads() as usize;
+        let hd = layout.head_dim() as usize;
+        let bt = layout.block_tokens() as usize;
+        let row = heads * hd;
+        if !w.k.len().is_multiple_of(row) {
+            return Err(Error::ShapeMismatch {
+                what: "k length (a multiple of shard kv heads × head_dim)",
+                expected: (w.k.len() / row * row) as u64,
+                actual: w.k.len() as u64,
+            });
+        }
+        check_len("v length", w.k.len(), w.v.len())?;
+        let n = w.k.len() / row;
+        let end = w
+            .start
+            .checked_add(n)
+            .ok_or(Error::Overflow("token position"))?;
+        let capacity = w.block_table.len().saturating_mul(bt);
+        if end > capacity {
+            return Err(Error::OutOfRange {
+                what: "token position (past the block table)",
+                index: end as u64 - 1,
+                bound: capacity as u64,
+            });
+        }
+        if w.k.iter().chain(w.v).any(|x| !x.is_finite()) {
+            return Err(Error::InvalidValue("non-finite K/V value"));
+        }
+        let touched = if n == 0 {
+            0..0
+        } else {
+            w.start / bt..(end - 1) / bt + 1
+        };
+        for &page in &w.block_table[touched] {
+            check_index("page", page.0 as usize, memory.num_pages() as usize)?;
+        }
+        Ok(WriteShape {
+            layout,
+            layer_in_group,
+            kv_heads: heads,
+            tokens: n,
+        })
+    }
+}
+
+/// What [`KvWrite::validate`] derives for the backend.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteShape {
+    /// The memory's layout.
+    pub layout: KvLayout,
+    /// The layer's index inside its page.
+    pub layer_in_group: u32,
+    /// Kv heads of the write's shard.
+    pub kv_heads: usize,
+    /// Tokens written.
+    pub tokens: usize,
+}
+
 /// Stores `w`'s tokens into pages, rounding to the layout's dtype.
 ///
 /// Everything is checked before the first byte is written, so an error
@@ -83,46 +165,15 @@ pub struct KvWrite<'a> {
 /// # Ok::<(), kvslice_core::Error>(())
 /// ```
 pub fn write_kv<M: PageMemoryMut + ?Sized>(memory: &mut M, w: &KvWrite<'_>) -> Result<()> {
-    let layout = *memory.layout();
-    let (_, layer_in_group) = layout.layer_group(w.layer)?;
-    let shard = layout.head_shard(w.shard)?;
-    let heads = shard.num_kv_heads() as usize;
+    let WriteShape {
+        layout,
+        layer_in_group,
+        kv_heads: heads,
+        tokens: n,
+    } = w.validate(&*memory)?;
     let hd = layout.head_dim() as usize;
     let bt = layout.block_tokens() as usize;
     let row = heads * hd;
-    if !w.k.len().is_multiple_of(row) {
-        return Err(Error::ShapeMismatch {
-            what: "k length (a multiple of shard kv heads × head_dim)",
-            expected: (w.k.len() / row * row) as u64,
-            actual: w.k.len() as u64,
-        });
-    }
-    check_len("v length", w.k.len(), w.v.len())?;
-    let n = w.k.len() / row;
-    let end = w
-        .start
-        .checked_add(n)
-        .ok_or(Error::Overflow("token position"))?;
-    let capacity = w.block_table.len().saturating_mul(bt);
-    if end > capacity {
-        return Err(Error::OutOfRange {
-            what: "token position (past the block table)",
-            index: end as u64 - 1,
-            bound: capacity as u64,
-        });
-    }
-    if w.k.iter().chain(w.v).any(|x| !x.is_finite()) {
-        return Err(Error::InvalidValue("non-finite K/V value"));
-    }
-    let touched = if n == 0 {
-        0..0
-    } else {
-        w.start / bt..(end - 1) / bt + 1
-    };
-    for &page in &w.block_table[touched] {
-        check_index("page", page.0 as usize, memory.num_pages() as usize)?;
-    }
-
     let dtype = layout.dtype();
     let es = dtype.size_bytes();
     for t in 0..n {

@@ -9,7 +9,7 @@ mod kv_io;
 mod typed;
 
 pub use buf::PageBuf;
-pub use kv_io::{KvWrite, read_head_rows, write_kv};
+pub use kv_io::{KvWrite, WriteShape, read_head_rows, write_kv};
 pub use typed::{KvRows, KvRowsMut};
 pub(crate) use typed::{rows, rows_mut};
 
@@ -20,10 +20,32 @@ use crate::layout::KvLayout;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageId(pub u32);
 
+/// How many pages of which layout a memory holds, wherever the bytes live
+/// (host memory, or a device buffer the host cannot borrow from).
+///
+/// Validation ([`crate::AttentionBatch::validate`], [`KvWrite::validate`])
+/// needs only this, so device-resident memories share it.
+///
+/// ```
+/// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageGeometry};
+///
+/// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 4, 2, KvDtype::F32))?;
+/// let pages = PageBuf::new(layout, 3)?;
+/// // K and V of 2 tokens × 4 f32 values: 64 bytes a page.
+/// assert_eq!((pages.num_pages(), pages.layout().page_bytes()), (3, 64));
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub trait PageGeometry {
+    /// The layout every page follows.
+    fn layout(&self) -> &KvLayout;
+    /// Number of pages.
+    fn num_pages(&self) -> u32;
+}
+
 /// Read access to page bytes.
 ///
 /// ```
-/// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, PageMemory};
+/// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageGeometry, PageId, PageMemory};
 ///
 /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 4, 2, KvDtype::F32))?;
 /// let pages = PageBuf::new(layout, 3)?;
@@ -31,11 +53,7 @@ pub struct PageId(pub u32);
 /// assert!(pages.page(PageId(3)).is_err());
 /// # Ok::<(), kvslice_core::Error>(())
 /// ```
-pub trait PageMemory {
-    /// The layout every page follows.
-    fn layout(&self) -> &KvLayout;
-    /// Number of pages.
-    fn num_pages(&self) -> u32;
+pub trait PageMemory: PageGeometry {
     /// The bytes of page `id`; an error if it does not exist.
     fn page(&self, id: PageId) -> Result<&[u8]>;
 }

@@ -6,7 +6,7 @@ use hashbrown::HashMap;
 use super::{PageMut, PagePool, PageRef};
 use crate::error::{Error, Result};
 use crate::layout::KvLayout;
-use crate::page::{PageId, PageMemory, PageMemoryMut};
+use crate::page::{PageGeometry, PageId, PageMemory, PageMemoryMut};
 
 /// Page memory made of borrowed guards: readable pages from [`PageRef`]s
 /// (cached, immutable) and writable ones from [`PageMut`]s (being filled).
@@ -78,7 +78,7 @@ impl<'a> PageView<'a> {
     }
 }
 
-impl PageMemory for PageView<'_> {
+impl PageGeometry for PageView<'_> {
     fn layout(&self) -> &KvLayout {
         &self.layout
     }
@@ -86,7 +86,9 @@ impl PageMemory for PageView<'_> {
     fn num_pages(&self) -> u32 {
         self.capacity
     }
+}
 
+impl PageMemory for PageView<'_> {
     fn page(&self, id: PageId) -> Result<&[u8]> {
         match (self.reads.get(&id.0), self.writes.get(&id.0)) {
             (Some(r), _) => Ok(r),
