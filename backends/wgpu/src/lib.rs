@@ -1,5 +1,32 @@
-//! kvslice-wgpu: the wgpu compute-shader attention backend.
+//! kvslice-wgpu: paged attention on GPUs through wgpu compute shaders.
 //!
-//! Not implemented yet: this crate holds its place in the workspace and
-//! exports nothing (and does not depend on wgpu, to keep builds lean until
-//! it does). Until it lands, use `kvslice_core::ReferenceEngine`.
+//! - [`WgpuEngine`] implements [`kvslice_core::AttentionEngine`] for
+//!   [`DevicePages`], a device-resident mirror of the core page pool (same
+//!   page ids, same byte layout) split into storage bindings of at most
+//!   128 MiB, with the real limits read from the adapter.
+//! - Decode and causal prefill share one two-pass algorithm: query-row
+//!   tiles per kv head (GQA reads each kv head once per tile) split along
+//!   the context across workgroups, then a log-sum-exp merge
+//!   (flash-decoding). Scores and softmax stay in f32.
+//! - K/V in f32, f16 (`SHADER_F16` when present, `unpack2x16float`
+//!   otherwise) or bf16 (bit shifts); new K/V is written in place by a
+//!   kernel, bit-identical to the host's rounding.
+//! - The adapter comes from `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` or is the
+//!   default; device loss, validation errors and out-of-memory are
+//!   [`kvslice_core::Error::Device`] with a [`kvslice_core::DeviceFailure`].
+//!
+//! The same randomized accuracy suite as the CPU backend holds it to the
+//! reference engine (`tests/accuracy.rs`); on a machine without a GPU it
+//! runs on Mesa's lavapipe.
+
+mod engine;
+mod gpu;
+mod pages;
+mod plan;
+mod shader;
+mod staging;
+
+pub use engine::WgpuEngine;
+pub use gpu::{AdapterSummary, GUARANTEED_BINDING_BYTES};
+pub use pages::DevicePages;
+pub use staging::StagingEngine;

@@ -1,0 +1,295 @@
+//! WGSL generation and the pipeline cache.
+//!
+//! The kernels in `shaders/` are written once; a generated prelude fixes
+//! what varies per layout so the compiler sees constants: the head
+//! dimension, the rows per tile, the dtype's load (or store) functions, and
+//! one binding per pool chunk with a `switch` that picks the chunk.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvslice_core::{KvDtype, Result};
+
+use crate::gpu::Gpu;
+use crate::plan::KEY_TILE;
+
+const COMMON: &str = include_str!("shaders/common.wgsl");
+const ATTEND: &str = include_str!("shaders/attend.wgsl");
+const MERGE: &str = include_str!("shaders/merge.wgsl");
+const WRITE_KV: &str = include_str!("shaders/write_kv.wgsl");
+
+/// Threads per workgroup in every kernel (`WG` in the shaders).
+pub(crate) const WORKGROUP_SIZE: u32 = 64;
+
+/// Which kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    Attend,
+    Merge,
+    WriteKv,
+}
+
+/// Everything a generated shader depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ShaderKey {
+    pub kernel: Kernel,
+    pub dtype: KvDtype,
+    pub head_dim: u32,
+    /// Rows per tile (attend, merge).
+    pub rows: u32,
+    /// Pool chunks bound (attend, write).
+    pub chunks: u32,
+    /// f16 K/V read as `f16` (SHADER_F16) rather than unpacked from `u32`.
+    pub native_f16: bool,
+}
+
+/// First binding of the pool chunks in each kernel.
+pub(crate) fn first_pool_binding(kernel: Kernel) -> u32 {
+    match kernel {
+        Kernel::Attend => 5,
+        Kernel::Merge => u32::MAX,
+        Kernel::WriteKv => 3,
+    }
+}
+
+/// The complete WGSL source for `key`.
+pub(crate) fn source(key: &ShaderKey) -> String {
+    let hd = key.head_dim;
+    let mut s = String::new();
+    let native = key.native_f16 && key.dtype == KvDtype::F16 && key.kernel == Kernel::Attend;
+    if native {
+        s.push_str("enable f16;\n");
+    }
+    let pairs_per_thread = hd.div_ceil(2).div_ceil(KEY_TILE).max(1);
+    let _ = writeln!(
+        s,
+        "const HD: u32 = {hd}u;\nconst R: u32 = {}u;\nconst PPT: u32 = {pairs_per_thread}u;",
+        key.rows
+    );
+    s.push_str(COMMON);
+    match key.kernel {
+        Kernel::Attend => {
+            let elem = if native { "f16" } else { "u32" };
+            pool_bindings(
+                &mut s,
+                key,
+                &format!("var<storage, read> pool{{i}}: array<{elem}>"),
+            );
+            if native {
+                chunk_switch(
+                    &mut s,
+                    key.chunks,
+                    "fn ld(c: u32, e: u32) -> f32",
+                    "return f32(pool{i}[e]);",
+                );
+                s.push_str("fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n");
+            } else {
+                chunk_switch(
+                    &mut s,
+                    key.chunks,
+                    "fn word(c: u32, i: u32) -> u32",
+                    "return pool{i}[i];",
+                );
+                s.push_str(loads(key.dtype, hd));
+            }
+            s.push_str(ATTEND);
+        }
+        Kernel::Merge => s.push_str(MERGE),
+        Kernel::WriteKv => {
+            pool_bindings(
+                &mut s,
+                key,
+                "var<storage, read_write> pool{i}: array<atomic<u32>>",
+            );
+            let body = match key.dtype {
+                KvDtype::F32 => "atomicStore(&pool{i}[e], payload[i]);",
+                // Two threads may own the two halves of one word: clear and
+                // set only our half, atomically, so neither loses the other.
+                KvDtype::F16 | KvDtype::Bf16 => {
+                    "let bits = (payload[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu; \
+                     let sh = (e & 1u) * 16u; \
+                     atomicAnd(&pool{i}[e >> 1u], ~(0xffffu << sh)); \
+                     atomicOr(&pool{i}[e >> 1u], bits << sh);"
+                }
+            };
+            chunk_switch(&mut s, key.chunks, "fn put(c: u32, e: u32, i: u32)", body);
+            s.push_str(WRITE_KV);
+        }
+    }
+    s
+}
+
+fn pool_bindings(s: &mut String, key: &ShaderKey, decl: &str) {
+    let first = first_pool_binding(key.kernel);
+    for i in 0..key.chunks {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) {};",
+            first + i,
+            decl.replace("{i}", &i.to_string())
+        );
+    }
+}
+
+/// `signature { switch c { case i: { body(i) } ... default: { body(0) } } }`
+fn chunk_switch(s: &mut String, chunks: u32, signature: &str, body: &str) {
+    let _ = writeln!(s, "{signature} {{\n    switch c {{");
+    for i in 1..chunks {
+        let _ = writeln!(
+            s,
+            "        case {i}u: {{ {} }}",
+            body.replace("{i}", &i.to_string())
+        );
+    }
+    let _ = writeln!(
+        s,
+        "        default: {{ {} }}\n    }}\n}}",
+        body.replace("{i}", "0")
+    );
+}
+
+/// `ld(c, e)` (element `e` of chunk `c`) and `ld2` (elements `e`, `e + 1`)
+/// for K/V stored as `u32` words.
+fn loads(dtype: KvDtype, head_dim: u32) -> &'static str {
+    // Every row starts at an even element when the head dimension is even
+    // (pages, layers, heads and rows are all whole rows), so a pair of
+    // 16-bit elements is one word.
+    let aligned = head_dim.is_multiple_of(2);
+    match (dtype, aligned) {
+        (KvDtype::F32, _) => {
+            "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(word(c, e)); }\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
+        }
+        (KvDtype::F16, true) => {
+            "fn ld(c: u32, e: u32) -> f32 { return unpack2x16float(word(c, e >> 1u))[e & 1u]; }\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> { return unpack2x16float(word(c, e >> 1u)); }\n"
+        }
+        (KvDtype::F16, false) => {
+            "fn ld(c: u32, e: u32) -> f32 { return unpack2x16float(word(c, e >> 1u))[e & 1u]; }\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
+        }
+        // bf16 is the top half of an f32: shift it into place.
+        (KvDtype::Bf16, true) => {
+            "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> { let w = word(c, e >> 1u); return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u)); }\n"
+        }
+        (KvDtype::Bf16, false) => {
+            "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
+        }
+    }
+}
+
+/// Compiled pipelines, built on first use.
+#[derive(Debug, Default)]
+pub(crate) struct Pipelines {
+    cache: Mutex<HashMap<ShaderKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Pipelines {
+    /// The pipeline for `key`, compiling it (inside error scopes, so a
+    /// shader the driver rejects is a typed validation error) if needed.
+    pub(crate) fn get(&self, gpu: &Gpu, key: ShaderKey) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.lock().get(&key) {
+            return Ok(Arc::clone(p));
+        }
+        let src = source(&key);
+        let pipeline = Arc::new(compile(gpu, &format!("{key:?}"), &src)?);
+        self.lock().insert(key, Arc::clone(&pipeline));
+        Ok(pipeline)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ShaderKey, Arc<wgpu::ComputePipeline>>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Compiles WGSL `src` with entry point `main`.
+pub(crate) fn compile(gpu: &Gpu, label: &str, src: &str) -> Result<wgpu::ComputePipeline> {
+    gpu.scoped(|| {
+        let module = gpu
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        gpu.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvslice_core::{DeviceFailure, Error};
+
+    /// A shader the device rejects is a typed validation error, not a panic.
+    #[test]
+    fn a_rejected_shader_is_a_validation_error() {
+        let gpu = match Gpu::open() {
+            Ok(gpu) => gpu,
+            Err(e) if std::env::var("KVSLICE_REQUIRE_GPU").as_deref() == Ok("1") => {
+                panic!("KVSLICE_REQUIRE_GPU=1 but no adapter: {e}")
+            }
+            Err(e) => return eprintln!("SKIPPED, no wgpu adapter: {e}"),
+        };
+        println!("adapter: {}", gpu.summary.name);
+        let bad = "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }";
+        let err = compile(&gpu, "bad", bad).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Device {
+                    kind: DeviceFailure::Validation,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // The device is still usable afterwards.
+        let good = "@compute @workgroup_size(1) fn main() {}";
+        compile(&gpu, "good", good).unwrap();
+    }
+
+    /// Every generated variant parses and validates with naga (the same
+    /// front end wgpu runs), without needing an adapter.
+    #[test]
+    fn every_variant_validates() {
+        for kernel in [Kernel::Attend, Kernel::Merge, Kernel::WriteKv] {
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                for (head_dim, rows, chunks, native_f16) in [
+                    (128, 16, 1, false),
+                    (7, 1, 3, false),
+                    (64, 4, 2, true),
+                    (1, 2, 1, true),
+                ] {
+                    let key = ShaderKey {
+                        kernel,
+                        dtype,
+                        head_dim,
+                        rows,
+                        chunks,
+                        native_f16,
+                    };
+                    let src = source(&key);
+                    let module = naga::front::wgsl::parse_str(&src)
+                        .unwrap_or_else(|e| panic!("{key:?}: {}\n{src}", e.emit_to_string(&src)));
+                    naga::valid::Validator::new(
+                        naga::valid::ValidationFlags::all(),
+                        naga::valid::Capabilities::all(),
+                    )
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{key:?}: {}\n{src}", e.emit_to_string(&src)));
+                }
+            }
+        }
+    }
+}
