@@ -274,10 +274,11 @@ fn run_serve(args: &ServeArgs) -> Result<(), String> {
     let report = match args.engine.as_str() {
         "cpu" => serve(&kvslice_cpu::CpuEngine::new(), "cpu", &cfg),
         "reference" => serve(&kvslice_core::ReferenceEngine, "reference", &cfg),
-        "wgpu" => return Err(
-            "the wgpu engine is not built yet (see the wgpu backend issue); use cpu or reference"
-                .into(),
-        ),
+        "wgpu" => {
+            let engine = kvslice_wgpu::WgpuEngine::new().map_err(|e| e.to_string())?;
+            eprintln!("wgpu adapter: {}", engine.adapter().name);
+            serve(&kvslice_wgpu::StagingEngine::new(engine), "wgpu", &cfg)
+        }
         other => {
             return Err(format!(
                 "unknown engine {other:?}; known: cpu, reference, wgpu"

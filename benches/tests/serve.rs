@@ -1,6 +1,6 @@
 //! The serving loop: output with prefix reuse equals output recomputed from
 //! scratch (same generated tokens, logits within the engine tests'
-//! tolerance), on the CPU and reference engines.
+//! tolerance), on the CPU, reference and wgpu engines.
 
 use kvslice_benches::serve::{ServeConfig, serve};
 
@@ -25,6 +25,35 @@ fn reuse_matches_recompute_on_every_engine() {
         assert!(report.reused_tokens >= (9 - 2) * 48, "{report:?}");
         assert!(report.block_hit_ratio > 0.5, "{report:?}");
     }
+}
+
+#[test]
+fn reuse_matches_recompute_on_the_wgpu_engine() {
+    let engine = match kvslice_wgpu::WgpuEngine::new() {
+        Ok(e) => e,
+        Err(e) if std::env::var("KVSLICE_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("KVSLICE_REQUIRE_GPU=1 but no adapter: {e}")
+        }
+        Err(e) => {
+            return eprintln!(
+                "SKIPPED, no wgpu adapter ({e}); set KVSLICE_REQUIRE_GPU=1 to fail instead"
+            );
+        }
+    };
+    println!("adapter: {}", engine.adapter().name);
+    let cfg = ServeConfig {
+        requests: 5,
+        system_prompts: 2,
+        system_tokens: 48, // three whole 16-token blocks
+        max_suffix_tokens: 12,
+        decode_steps: 3,
+        capacity_pages: 48,
+        seed: 4,
+    };
+    let report = serve(&kvslice_wgpu::StagingEngine::new(engine), "wgpu", &cfg).unwrap();
+    assert!(report.tokens_match, "{report:?}");
+    assert!(report.max_logit_rel_diff <= 1e-3, "{report:?}");
+    assert!(report.reused_tokens >= (5 - 2) * 48, "{report:?}");
 }
 
 #[test]
