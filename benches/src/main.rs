@@ -274,11 +274,14 @@ fn run_serve(args: &ServeArgs) -> Result<(), String> {
     let report = match args.engine.as_str() {
         "cpu" => serve(&kvslice_cpu::CpuEngine::new(), "cpu", &cfg),
         "reference" => serve(&kvslice_core::ReferenceEngine, "reference", &cfg),
+        #[cfg(feature = "wgpu")]
         "wgpu" => {
             let engine = kvslice_wgpu::WgpuEngine::new().map_err(|e| e.to_string())?;
             eprintln!("wgpu adapter: {}", engine.adapter().name);
             serve(&kvslice_wgpu::StagingEngine::new(engine), "wgpu", &cfg)
         }
+        #[cfg(not(feature = "wgpu"))]
+        "wgpu" => return Err("this build has no wgpu engine (the `wgpu` feature is off)".into()),
         other => {
             return Err(format!(
                 "unknown engine {other:?}; known: cpu, reference, wgpu"

@@ -27,6 +27,7 @@ fn reuse_matches_recompute_on_every_engine() {
     }
 }
 
+#[cfg(feature = "wgpu")]
 #[test]
 fn reuse_matches_recompute_on_the_wgpu_engine() {
     let engine = match kvslice_wgpu::WgpuEngine::new() {
