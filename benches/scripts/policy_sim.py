@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Trace-driven simulator for trying eviction policies before writing them in
+Rust. It models what `kvslice replay` does with one thread: requests in
+timestamp order, prefix lookups (hits stop at the first miss), leaf-first
+eviction (a block with cached children is never evicted; a parent becomes
+evictable when its last child goes), never evicting the current request's
+hits. Plain LRU here reproduces `kvslice replay --policy lru` to four digits.
+
+    python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl lru
+    python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl ghost --theta 0.05 0.35 0.5 1
+    python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl lifetime
+
+Policies (see docs/EVICTION.md, "Chain admission"):
+  lru       exact LRU over leaves
+  ghost     chain admission with a fixed knob theta
+  lifetime  chain admission with theta steered toward the lifetime that
+            maximises F(L)/L of the observed return gaps
+  duel      chain admission with theta steered by our hits against an
+            LRU estimate from the ghost
+  oracle    (offline) keeps exactly the blocks reused within --horizon
+            requests, LRU among them: what better selection alone can give
+"""
+import argparse
+import collections
+import json
+import math
+
+
+def load(path):
+    reqs = []
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            reqs.append((d["timestamp"], d["hash_ids"]))
+    reqs.sort(key=lambda r: r[0])  # stable, like the replay
+    return [r[1] for r in reqs]
+
+
+def h01(k, salt=0x9E3779B97F4A7C15):
+    """A fixed hash of a block id to [0, 1)."""
+    x = (k * 0xFF51AFD7ED558CCD + salt) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 33
+    return x / 2**64
+
+
+class Cache:
+    """Leaf-first cache; the policy orders the leaves it is told about."""
+
+    def __init__(self, cap, policy):
+        self.cap, self.p = cap, policy
+        self.parent = {}
+        self.kids = collections.Counter()
+        self.hits = self.blocks = 0
+
+    def run(self, reqs):
+        p = self.p
+        for ids in reqs:
+            self.blocks += len(ids)
+            if hasattr(p, "request"):
+                p.request()
+            h = 0
+            while h < len(ids) and ids[h] in self.parent:
+                h += 1
+            for k in ids[:h]:
+                p.access(k)
+            if h < len(ids):
+                p.miss(ids[h])
+            self.hits += h
+            need = len(ids) - h
+            if need > self.cap:
+                continue
+            held = set(ids[:h])
+            free = self.cap - len(self.parent)
+            while free < need:
+                k = p.evict(lambda k: k not in held)
+                if k is None:
+                    break
+                free += 1
+                self.remove(k)
+            if free < need:
+                continue
+            prev = ids[h - 1] if h > 0 else None
+            for d in range(h, len(ids)):
+                k = ids[d]
+                self.parent[k] = prev
+                # Extending a leaf continues a chain; anything else branches.
+                cont = prev is not None and self.kids[prev] == 0
+                if prev is not None:
+                    self.kids[prev] += 1
+                    if self.kids[prev] == 1:
+                        p.became_parent(prev)
+                p.insert(k, prev, d, cont)
+                prev = k
+        return self.hits / self.blocks
+
+    def remove(self, k):
+        par = self.parent.pop(k)
+        if par is not None:
+            self.kids[par] -= 1
+            if self.kids[par] == 0:
+                del self.kids[par]
+                self.p.became_leaf(par)
+
+
+class Lru:
+    def __init__(self, cap):
+        self.q = collections.OrderedDict()
+
+    def access(self, k):
+        if k in self.q:
+            self.q.move_to_end(k)
+
+    def miss(self, k):
+        pass
+
+    def insert(self, k, parent, d, cont):
+        self.q[k] = 1
+
+    def became_parent(self, k):
+        self.q.pop(k, None)
+
+    def became_leaf(self, k):
+        # Its last use is older than its children's: next in line.
+        self.q[k] = 1
+        self.q.move_to_end(k, last=False)
+
+    def evict(self, ok):
+        for k in self.q:
+            if ok(k):
+                del self.q[k]
+                return k
+        return None
+
+
+class ChainAdmission:
+    """Blocks of *selected* chains live in a main LRU, the rest in a
+    probation LRU that is always evicted first. A block that extends a leaf
+    inherits its parent's status; a new chain (a root, or a branch off a
+    block that already has children) is selected by a fixed hash coin: with
+    probability q2 if its first block was seen before (a returning
+    conversation, told by a ghost of past keys), else q1. One knob theta
+    sets both: q2 = min(1, 2 theta), q1 = max(0, 2 theta - 1); theta = 1 is
+    LRU. The ghost is a direct-mapped table of max(8 x capacity, 65536)
+    (key, time) slots; time counts insertions."""
+
+    def __init__(self, cap, theta=1.0):
+        self.cap = cap
+        self.P, self.M = collections.OrderedDict(), collections.OrderedDict()
+        self.sel, self.acc, self.depth = {}, {}, {}
+        self.G = max(8 * cap, 65536)
+        self.gk, self.gt = [None] * self.G, [0] * self.G
+        self.t = 0
+        self.returning = False
+        self.set_theta(theta)
+
+    def set_theta(self, theta):
+        self.theta = theta
+        self.q2, self.q1 = min(1.0, 2 * theta), max(0.0, 2 * theta - 1)
+
+    def ghost_get(self, k):
+        i = int(h01(k, 12345) * self.G)
+        return self.gt[i] if self.gk[i] == k else None
+
+    def ghost_put(self, k):
+        i = int(h01(k, 12345) * self.G)
+        self.gk[i], self.gt[i] = k, self.t
+
+    # Hooks for the steered variants.
+    def on_return(self, gap, hit):
+        pass
+
+    def on_main_eviction(self, age):
+        pass
+
+    def access(self, k):
+        g = self.ghost_get(k)
+        # A hit on a leaf below the root is a conversation returning to its
+        # retained chain: one sample per request.
+        if g is not None and self.depth.get(k, 0) > 0 and (k in self.M or k in self.P):
+            self.on_return(self.t - g, True)
+        self.ghost_put(k)
+        self.acc[k] = self.t
+        for q in (self.M, self.P):
+            if k in q:
+                q.move_to_end(k)
+
+    def miss(self, k):
+        g = self.ghost_get(k)
+        self.returning = g is not None
+        if g is not None:
+            self.on_return(self.t - g, False)
+        self.ghost_put(k)
+
+    def insert(self, k, parent, d, cont):
+        self.t += 1
+        self.depth[k] = d
+        self.ghost_put(k)
+        self.acc[k] = self.t
+        if cont and parent in self.sel:
+            s = self.sel[parent]
+        else:
+            s = h01(k) < (self.q2 if self.returning else self.q1)
+        self.sel[k] = s
+        (self.M if s else self.P)[k] = 1
+        self.tick()
+
+    def tick(self):
+        pass
+
+    def became_parent(self, k):
+        self.P.pop(k, None)
+        self.M.pop(k, None)
+
+    def became_leaf(self, k):
+        q = self.M if self.sel[k] else self.P
+        q[k] = 1
+        q.move_to_end(k, last=False)
+
+    def evict(self, ok):
+        for q in (self.P, self.M):
+            for k in q:
+                if ok(k):
+                    del q[k]
+                    del self.sel[k]
+                    self.depth.pop(k, None)
+                    age = self.t - self.acc.pop(k, self.t)
+                    if q is self.M:
+                        self.on_main_eviction(age)
+                    return k
+        return None
+
+
+class Lifetime(ChainAdmission):
+    """theta steered so that main's mean eviction age tracks L*, the
+    lifetime maximising F(L)/L for the CDF F of observed return gaps (hits
+    per slot-insertion of a randomly kept chain)."""
+
+    def __init__(self, cap, period=2048):
+        super().__init__(cap, 1.0)
+        self.period, self.next = period, period
+        self.hist = collections.Counter()
+        self.ages = []
+
+    def on_return(self, gap, hit):
+        self.hist[max(1, gap).bit_length()] += 1
+
+    def on_main_eviction(self, age):
+        self.ages.append(age)
+
+    def lstar(self):
+        tot = sum(self.hist.values())
+        if tot < 50:
+            return None
+        best, arg, cum = -1.0, None, 0
+        for b in sorted(self.hist):
+            cum += self.hist[b]
+            v = cum / 2**b
+            if v > best:
+                best, arg = v, 2**b
+        return arg
+
+    def tick(self):
+        if self.t < self.next:
+            return
+        self.next = self.t + self.period
+        target = self.lstar()
+        if target is None:
+            return
+        life = sum(self.ages) / len(self.ages) if self.ages else math.inf
+        self.set_theta(max(0.01, min(1.0, self.theta * (0.8 if life < target else 1.25))))
+        self.ages = []
+
+
+class Duel(ChainAdmission):
+    """theta steered by returning-conversation hits: ours against LRU's
+    estimated from the ghost (an LRU would still hold a block last used
+    fewer than `capacity` insertions ago)."""
+
+    def __init__(self, cap, period=2048):
+        super().__init__(cap, 1.0)
+        self.period, self.next = period, period
+        self.ours = self.lru = 0
+
+    def on_return(self, gap, hit):
+        self.ours += hit
+        self.lru += gap < self.cap
+
+    def tick(self):
+        if self.t < self.next:
+            return
+        self.next = self.t + self.period
+        if self.ours + self.lru:
+            up = self.ours < self.lru
+            self.set_theta(max(0.05, min(1.0, self.theta * (1.25 if up else 0.8))))
+        self.ours = self.lru = 0
+
+
+class KeptSetOracle(ChainAdmission):
+    """Not online: selects a block iff it will be used again within
+    `horizon` requests (LRU within the selected set), to bound what better
+    selection alone can give."""
+
+    def __init__(self, cap, reqs, horizon):
+        super().__init__(cap, 1.0)
+        self.reqs, self.horizon, self.r = reqs, horizon, -1
+        self.next_use = self.future(reqs)
+
+    @staticmethod
+    def future(reqs):
+        last, nxt = {}, [None] * len(reqs)
+        for r in range(len(reqs) - 1, -1, -1):
+            nxt[r] = {k: last.get(k, math.inf) for k in reqs[r]}
+            for k in reqs[r]:
+                last[k] = r
+        return nxt
+
+    def request(self):
+        self.r += 1
+
+    def insert(self, k, parent, d, cont):
+        s = self.next_use[self.r][k] - self.r <= self.horizon
+        self.sel[k] = s
+        (self.M if s else self.P)[k] = 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("policy", choices=["lru", "ghost", "lifetime", "duel", "oracle"])
+    ap.add_argument("--capacity", type=int, nargs="+", default=[1000, 3000, 10000, 30000])
+    ap.add_argument("--theta", type=float, nargs="+", default=[0.05, 0.2, 0.35, 0.5, 0.75, 1.0])
+    ap.add_argument("--horizon", type=int, nargs="+", default=[200, 300, 1000], help="oracle only")
+    a = ap.parse_args()
+    reqs = load(a.trace)
+    make = {
+        "lru": [("lru", Lru)],
+        "ghost": [(f"ghost theta={t}", lambda c, t=t: ChainAdmission(c, t)) for t in a.theta],
+        "lifetime": [("lifetime", Lifetime)],
+        "duel": [("duel", Duel)],
+        "oracle": [
+            (f"oracle horizon={h}", lambda c, h=h: KeptSetOracle(c, reqs, h)) for h in a.horizon
+        ],
+    }[a.policy]
+    for name, ctor in make:
+        ratios = [round(Cache(c, ctor(c)).run(reqs), 4) for c in a.capacity]
+        print(name, " ".join(f"{c}:{r}" for c, r in zip(a.capacity, ratios)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
