@@ -5,11 +5,13 @@
 //! tables, GQA, K/V stored as f32, f16 or bf16 and widened on load, f32
 //! accumulation with an online softmax, and split-K across threads for long
 //! contexts. The inner loops are chosen at run time ([`Kernels::detect`]):
-//! AVX2 + FMA + F16C on x86-64, else a portable scalar version. Every input
-//! check runs before any compute (`AttentionBatch::validate`).
+//! AVX2 + FMA + F16C on x86-64, NEON on aarch64 (tested under qemu in CI),
+//! else a portable scalar version. Every input check runs before any
+//! compute (`AttentionBatch::validate`).
 //!
-//! Not here yet: an AVX-512 path and a NEON path (neither can be tested on
-//! the machines this project builds on; the scalar kernels run there).
+//! Not here yet: an AVX-512 path (no machine this project builds on, nor
+//! qemu's user mode, runs AVX-512, so it could not be tested; AVX2 runs on
+//! those CPUs).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
