@@ -145,8 +145,10 @@ class ChainAdmission:
     LRU. The ghost is a direct-mapped table of max(8 x capacity, 65536)
     (key, time) slots; time counts insertions."""
 
-    def __init__(self, cap, theta=1.0):
+    def __init__(self, cap, theta=1.0, floor=0.0):
         self.cap = cap
+        self.floor = floor * cap
+        self.psize = 0
         self.P, self.M = collections.OrderedDict(), collections.OrderedDict()
         self.sel, self.acc, self.depth = {}, {}, {}
         self.G = max(8 * cap, 65536)
@@ -203,6 +205,7 @@ class ChainAdmission:
         else:
             s = h01(k) < (self.q2 if self.returning else self.q1)
         self.sel[k] = s
+        self.psize += not s
         (self.M if s else self.P)[k] = 1
         self.tick()
 
@@ -219,11 +222,13 @@ class ChainAdmission:
         q.move_to_end(k, last=False)
 
     def evict(self, ok):
-        for q in (self.P, self.M):
+        # Probation goes first, unless it is down to its floor.
+        order = (self.M, self.P) if self.psize <= self.floor else (self.P, self.M)
+        for q in order:
             for k in q:
                 if ok(k):
                     del q[k]
-                    del self.sel[k]
+                    self.psize -= not self.sel.pop(k)
                     self.depth.pop(k, None)
                     age = self.t - self.acc.pop(k, self.t)
                     if q is self.M:
@@ -237,8 +242,8 @@ class Lifetime(ChainAdmission):
     lifetime maximising F(L)/L for the CDF F of observed return gaps (hits
     per slot-insertion of a randomly kept chain)."""
 
-    def __init__(self, cap, period=2048):
-        super().__init__(cap, 1.0)
+    def __init__(self, cap, period=2048, floor=0.0):
+        super().__init__(cap, 1.0, floor)
         self.period, self.next = period, period
         self.hist = collections.Counter()
         self.ages = []
@@ -332,12 +337,13 @@ def main():
     ap.add_argument("--capacity", type=int, nargs="+", default=[1000, 3000, 10000, 30000])
     ap.add_argument("--theta", type=float, nargs="+", default=[0.05, 0.2, 0.35, 0.5, 0.75, 1.0])
     ap.add_argument("--horizon", type=int, nargs="+", default=[200, 300, 1000], help="oracle only")
+    ap.add_argument("--floor", type=float, nargs="+", default=[0.0], help="probation floor, fraction of capacity (lifetime)")
     a = ap.parse_args()
     reqs = load(a.trace)
     make = {
         "lru": [("lru", Lru)],
         "ghost": [(f"ghost theta={t}", lambda c, t=t: ChainAdmission(c, t)) for t in a.theta],
-        "lifetime": [("lifetime", Lifetime)],
+        "lifetime": [(f"lifetime floor={f}", lambda c, f=f: Lifetime(c, floor=f)) for f in a.floor],
         "duel": [("duel", Duel)],
         "oracle": [
             (f"oracle horizon={h}", lambda c, h=h: KeptSetOracle(c, reqs, h)) for h in a.horizon
