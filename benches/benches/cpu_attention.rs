@@ -14,55 +14,12 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kvslice_core::testkit::Rng;
-use kvslice_core::{
-    AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, SeqAttention,
+use kvslice_benches::decode_workload::{
+    BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, decode_seqs, fill, kv_bytes, layout,
 };
+use kvslice_core::testkit::Rng;
+use kvslice_core::{AttentionBatch, AttentionEngine, PageBuf, PageId, SeqAttention};
 use kvslice_cpu::CpuEngine;
-
-const Q_HEADS: u32 = 32;
-const KV_HEADS: u32 = 8;
-const HEAD_DIM: u32 = 128;
-const BLOCK: u32 = 16;
-const BATCH: usize = 8;
-
-fn layout() -> KvLayout {
-    KvLayout::new(LayoutSpec::new(
-        1,
-        Q_HEADS,
-        KV_HEADS,
-        HEAD_DIM,
-        BLOCK,
-        KvDtype::F16,
-    ))
-    .unwrap()
-}
-
-/// Pages for `BATCH` sequences of `ctx` tokens, filled with random f16
-/// values (encoded directly: this is setup, not the thing measured).
-fn fill(ctx: usize) -> (PageBuf, Vec<Vec<PageId>>) {
-    let l = layout();
-    let per_seq = ctx.div_ceil(BLOCK as usize);
-    let mut pages = PageBuf::new(l, (per_seq * BATCH) as u32).unwrap();
-    let mut rng = Rng::new(ctx as u64);
-    let n = l.page_elems();
-    let mut vals = vec![0f32; n];
-    let mut bytes = vec![0u8; l.page_bytes()];
-    for p in 0..(per_seq * BATCH) as u32 {
-        vals.iter_mut().for_each(|v| *v = rng.unit());
-        KvDtype::F16.encode_row(&vals, &mut bytes).unwrap();
-        use kvslice_core::PageMemoryMut;
-        pages.page_mut(PageId(p)).unwrap().copy_from_slice(&bytes);
-    }
-    let tables = (0..BATCH)
-        .map(|s| {
-            (0..per_seq)
-                .map(|b| PageId((s * per_seq + b) as u32))
-                .collect()
-        })
-        .collect();
-    (pages, tables)
-}
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
 /// core: the memory read bandwidth the attention has to live within.
@@ -102,17 +59,10 @@ fn decode(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for ctx in [1024usize, 8192, 32768] {
-        let (pages, tables) = fill(ctx);
-        let kv_bytes = (BATCH * ctx * KV_HEADS as usize * HEAD_DIM as usize * 2 * 2) as u64;
+        let (pages, tables) = fill(ctx, false);
+        let kv_bytes = kv_bytes(ctx);
         g.throughput(Throughput::Bytes(kv_bytes));
-        let seqs: Vec<SeqAttention<'_>> = tables
-            .iter()
-            .map(|t| SeqAttention {
-                block_table: t,
-                kv_len: ctx,
-                q_len: 1,
-            })
-            .collect();
+        let seqs = decode_seqs(&tables, ctx);
         let mut rng = Rng::new(9);
         let q = rng.vec(BATCH * (Q_HEADS * HEAD_DIM) as usize);
         let mut out = vec![0f32; q.len()];

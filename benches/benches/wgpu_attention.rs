@@ -15,18 +15,10 @@
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvslice_benches::decode_workload::{BATCH, HEAD_DIM, Q_HEADS, decode_seqs, fill, kv_bytes};
 use kvslice_core::testkit::Rng;
-use kvslice_core::{
-    AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, PageMemoryMut,
-    SeqAttention,
-};
+use kvslice_core::{AttentionBatch, AttentionEngine};
 use kvslice_wgpu::WgpuEngine;
-
-const Q_HEADS: u32 = 32;
-const KV_HEADS: u32 = 8;
-const HEAD_DIM: u32 = 128;
-const BLOCK: u32 = 16;
-const BATCH: usize = 8;
 
 fn contexts() -> Vec<usize> {
     match std::env::var("KVSLICE_BENCH_CONTEXTS") {
@@ -40,35 +32,6 @@ fn contexts() -> Vec<usize> {
             .collect(),
         Err(_) => vec![1024, 8192, 32768],
     }
-}
-
-/// Host pages for `BATCH` sequences of `ctx` tokens of random f16 values,
-/// with page order shuffled so tables are not contiguous runs.
-fn fill(ctx: usize) -> (PageBuf, Vec<Vec<PageId>>) {
-    let l = KvLayout::new(LayoutSpec::new(
-        1,
-        Q_HEADS,
-        KV_HEADS,
-        HEAD_DIM,
-        BLOCK,
-        KvDtype::F16,
-    ))
-    .unwrap();
-    let per_seq = ctx.div_ceil(BLOCK as usize);
-    let total = per_seq * BATCH;
-    let mut pages = PageBuf::new(l, total as u32).unwrap();
-    let mut rng = Rng::new(ctx as u64);
-    let mut vals = vec![0f32; l.page_elems()];
-    let mut bytes = vec![0u8; l.page_bytes()];
-    for p in 0..total as u32 {
-        vals.iter_mut().for_each(|v| *v = rng.unit());
-        KvDtype::F16.encode_row(&vals, &mut bytes).unwrap();
-        pages.page_mut(PageId(p)).unwrap().copy_from_slice(&bytes);
-    }
-    let mut ids: Vec<PageId> = (0..total as u32).map(PageId).collect();
-    rng.shuffle(&mut ids);
-    let tables = ids.chunks(per_seq).map(<[PageId]>::to_vec).collect();
-    (pages, tables)
 }
 
 fn decode(c: &mut Criterion) {
@@ -103,19 +66,13 @@ fn decode(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for ctx in contexts() {
-        let (host, tables) = fill(ctx);
+        // Shuffled tables: pages of a sequence are not one contiguous run.
+        let (host, tables) = fill(ctx, true);
         let pages = engine.upload(&host).expect("upload");
         drop(host);
-        let kv_bytes = (BATCH * ctx * KV_HEADS as usize * HEAD_DIM as usize * 2 * 2) as u64;
+        let kv_bytes = kv_bytes(ctx);
         g.throughput(Throughput::Bytes(kv_bytes));
-        let seqs: Vec<SeqAttention<'_>> = tables
-            .iter()
-            .map(|t| SeqAttention {
-                block_table: t,
-                kv_len: ctx,
-                q_len: 1,
-            })
-            .collect();
+        let seqs = decode_seqs(&tables, ctx);
         let q = Rng::new(9).vec(BATCH * (Q_HEADS * HEAD_DIM) as usize);
         let mut out = vec![0f32; q.len()];
         let batch = AttentionBatch::new(0, 0, &seqs, &q, 1.0 / (HEAD_DIM as f32).sqrt());

@@ -1,6 +1,7 @@
 //! The `kvslice` tool's library: trace parsing, replay through the real
 //! store, eviction policies by name, sweeps with plots, and the demo.
 
+pub mod decode_workload;
 pub mod demo;
 pub mod model;
 pub mod policy;

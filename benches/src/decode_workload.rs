@@ -1,0 +1,84 @@
+//! The decode workload every attention benchmark measures, so the CPU and
+//! GPU numbers are comparable: 32 query heads, 8 kv heads, head_dim 128,
+//! f16 K/V in 16-token pages, a batch of 8 sequences of one context length.
+
+use kvslice_core::testkit::Rng;
+use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, PageMemoryMut, SeqAttention};
+
+/// Query heads.
+pub const Q_HEADS: u32 = 32;
+/// Key/value heads.
+pub const KV_HEADS: u32 = 8;
+/// Elements per head.
+pub const HEAD_DIM: u32 = 128;
+/// Tokens per page.
+pub const BLOCK: u32 = 16;
+/// Sequences per batch.
+pub const BATCH: usize = 8;
+
+/// The workload's layout (one layer).
+///
+/// ```
+/// assert_eq!(kvslice_benches::decode_workload::layout().page_bytes(), 2 * 8 * 16 * 128 * 2);
+/// ```
+pub fn layout() -> KvLayout {
+    KvLayout::new(LayoutSpec::new(
+        1,
+        Q_HEADS,
+        KV_HEADS,
+        HEAD_DIM,
+        BLOCK,
+        KvDtype::F16,
+    ))
+    .expect("a valid layout")
+}
+
+/// Pages for [`BATCH`] sequences of `ctx` tokens, every value random (never
+/// zero; encoded directly, as this is setup and not what is measured), and
+/// their block tables: consecutive pages per sequence, or a random
+/// permutation with `shuffle`.
+///
+/// ```
+/// let (pages, tables) = kvslice_benches::decode_workload::fill(40, true);
+/// assert_eq!((tables.len(), tables[0].len()), (8, 3));
+/// ```
+pub fn fill(ctx: usize, shuffle: bool) -> (PageBuf, Vec<Vec<PageId>>) {
+    let l = layout();
+    let per_seq = ctx.div_ceil(BLOCK as usize);
+    let total = per_seq * BATCH;
+    let mut pages = PageBuf::new(l, total as u32).expect("pages");
+    let mut rng = Rng::new(ctx as u64);
+    let mut vals = vec![0f32; l.page_elems()];
+    let mut bytes = vec![0u8; l.page_bytes()];
+    for p in 0..total as u32 {
+        vals.iter_mut().for_each(|v| *v = rng.unit());
+        KvDtype::F16.encode_row(&vals, &mut bytes).expect("encode");
+        pages
+            .page_mut(PageId(p))
+            .expect("page")
+            .copy_from_slice(&bytes);
+    }
+    let mut ids: Vec<PageId> = (0..total as u32).map(PageId).collect();
+    if shuffle {
+        rng.shuffle(&mut ids);
+    }
+    let tables = ids.chunks(per_seq).map(<[PageId]>::to_vec).collect();
+    (pages, tables)
+}
+
+/// One decode step (one query token) per sequence over `tables`.
+pub fn decode_seqs(tables: &[Vec<PageId>], ctx: usize) -> Vec<SeqAttention<'_>> {
+    tables
+        .iter()
+        .map(|t| SeqAttention {
+            block_table: t,
+            kv_len: ctx,
+            q_len: 1,
+        })
+        .collect()
+}
+
+/// Bytes of K and V a decode step over `ctx` tokens reads.
+pub fn kv_bytes(ctx: usize) -> u64 {
+    (BATCH * ctx * KV_HEADS as usize * HEAD_DIM as usize * 2 * 2) as u64
+}
