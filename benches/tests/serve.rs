@@ -30,18 +30,9 @@ fn reuse_matches_recompute_on_every_engine() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn reuse_matches_recompute_on_the_wgpu_engine() {
-    let engine = match kvslice_wgpu::WgpuEngine::new() {
-        Ok(e) => e,
-        Err(e) if std::env::var("KVSLICE_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("KVSLICE_REQUIRE_GPU=1 but no adapter: {e}")
-        }
-        Err(e) => {
-            return eprintln!(
-                "SKIPPED, no wgpu adapter ({e}); set KVSLICE_REQUIRE_GPU=1 to fail instead"
-            );
-        }
+    let Some(engine) = kvslice_wgpu::testing::engine_or_skip("serve_wgpu") else {
+        return;
     };
-    println!("adapter: {}", engine.adapter().name);
     let cfg = ServeConfig {
         requests: 5,
         system_prompts: 2,

@@ -145,6 +145,11 @@ impl WgpuEngine {
         self.gpu.destroy();
     }
 
+    #[cfg(test)]
+    pub(crate) fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
     fn check_memory(&self, pages: &DevicePages) -> Result<()> {
         self.gpu.check_alive()?;
         if !Arc::ptr_eq(&pages.gpu, &self.gpu) {

@@ -25,6 +25,7 @@ mod pages;
 mod plan;
 mod shader;
 mod staging;
+pub mod testing;
 
 pub use engine::WgpuEngine;
 pub use gpu::{AdapterSummary, GUARANTEED_BINDING_BYTES};

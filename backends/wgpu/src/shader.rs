@@ -234,16 +234,12 @@ mod tests {
     /// A shader the device rejects is a typed validation error, not a panic.
     #[test]
     fn a_rejected_shader_is_a_validation_error() {
-        let gpu = match Gpu::open() {
-            Ok(gpu) => gpu,
-            Err(e) if std::env::var("KVSLICE_REQUIRE_GPU").as_deref() == Ok("1") => {
-                panic!("KVSLICE_REQUIRE_GPU=1 but no adapter: {e}")
-            }
-            Err(e) => return eprintln!("SKIPPED, no wgpu adapter: {e}"),
+        let Some(engine) = crate::testing::engine_or_skip("rejected_shader") else {
+            return;
         };
-        println!("adapter: {}", gpu.summary.name);
+        let gpu = engine.gpu();
         let bad = "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }";
-        let err = compile(&gpu, "bad", bad).unwrap_err();
+        let err = compile(gpu, "bad", bad).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -256,7 +252,7 @@ mod tests {
         );
         // The device is still usable afterwards.
         let good = "@compute @workgroup_size(1) fn main() {}";
-        compile(&gpu, "good", good).unwrap();
+        compile(gpu, "good", good).unwrap();
     }
 
     /// Every generated variant parses and validates with naga (the same

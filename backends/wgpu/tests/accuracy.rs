@@ -14,25 +14,7 @@ use kvslice_core::{
 use kvslice_wgpu::WgpuEngine;
 
 fn engine(test: &str) -> Option<WgpuEngine> {
-    match WgpuEngine::new() {
-        Ok(e) => {
-            let a = e.adapter();
-            println!(
-                "{test}: adapter {} ({}, {}, shader_f16 {})",
-                a.name, a.backend, a.device_type, a.shader_f16
-            );
-            Some(e)
-        }
-        Err(err) if std::env::var("KVSLICE_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("{test}: KVSLICE_REQUIRE_GPU=1 but no adapter: {err}")
-        }
-        Err(err) => {
-            eprintln!(
-                "{test}: SKIPPED, no wgpu adapter ({err}); set KVSLICE_REQUIRE_GPU=1 to fail instead"
-            );
-            None
-        }
-    }
+    kvslice_wgpu::testing::engine_or_skip(test)
 }
 
 #[test]
