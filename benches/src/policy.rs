@@ -5,11 +5,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use kvslice_core::{
-    ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, PageId, TinyLfuPolicy,
+    ChainPolicy, ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, PageId,
+    TinyLfuPolicy,
 };
 
 /// Every policy the binary can run. `default` is the store's default.
-pub const POLICIES: [&str; 5] = ["default", "lru", "clock", "tinylfu", "belady"];
+pub const POLICIES: [&str; 6] = ["default", "lru", "clock", "tinylfu", "chain", "belady"];
 
 /// An online policy by name (`belady` needs the future: see [`Belady`]).
 ///
@@ -22,6 +23,7 @@ pub fn online(name: &str, capacity: u32) -> Option<Box<dyn EvictionPolicy>> {
         "default" | "lru" => Box::new(LruPolicy::new(capacity)),
         "clock" => Box::new(ClockPolicy::new(capacity)),
         "tinylfu" => Box::new(TinyLfuPolicy::new(capacity)),
+        "chain" => Box::new(ChainPolicy::new(capacity)),
         _ => return None,
     })
 }

@@ -8,14 +8,18 @@
 //! policy never frees anything itself.
 //!
 //! Shipped policies: [`ClockPolicy`] (lock-free second chance, an LRU
-//! approximation) and [`LruPolicy`] (exact LRU, serialised by a spin lock).
+//! approximation), [`LruPolicy`] (exact LRU, serialised by a spin lock),
+//! [`TinyLfuPolicy`] (adaptive W-TinyLFU) and [`ChainPolicy`] (whole-chain
+//! admission steered by observed return gaps).
 
+mod chain;
 mod clock;
 mod lru;
 mod segments;
 mod sketch;
 mod tinylfu;
 
+pub use chain::ChainPolicy;
 pub use clock::ClockPolicy;
 pub use lru::LruPolicy;
 pub use tinylfu::TinyLfuPolicy;
@@ -53,6 +57,15 @@ pub trait EvictionPolicy: Send + Sync {
 
     /// `event.page` was published and can now be evicted.
     fn on_insert(&self, event: PageEvent);
+
+    /// `event.page` was published as the child of `parent`;
+    /// `extends_leaf` says `parent` had no cached child before, so this
+    /// continues a chain rather than branching off it. Defaults to
+    /// [`on_insert`](Self::on_insert).
+    fn on_insert_child(&self, event: PageEvent, parent: PageId, extends_leaf: bool) {
+        let _ = (parent, extends_leaf);
+        self.on_insert(event);
+    }
 
     /// `event.page` was hit by a lookup.
     fn on_access(&self, event: PageEvent);
@@ -93,6 +106,9 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for alloc::boxed::Box<P> {
     }
     fn on_insert(&self, event: PageEvent) {
         (**self).on_insert(event)
+    }
+    fn on_insert_child(&self, event: PageEvent, parent: PageId, extends_leaf: bool) {
+        (**self).on_insert_child(event, parent, extends_leaf)
     }
     fn on_access(&self, event: PageEvent) {
         (**self).on_access(event)

@@ -386,12 +386,14 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 bound: u64::from(block_tokens) + 1,
             });
         }
+        let mut extends_leaf = false;
         if let Some(p) = parent {
             if !core::ptr::eq(p.pool(), &self.pool) {
                 return Err(Error::InvalidValue("parent page from another store"));
             }
             let pm = self.meta(p.handle().id());
             if pm.children.fetch_add(1, Relaxed) == 0 {
+                extends_leaf = true;
                 self.policy
                     .on_became_parent(self.event(p.handle().id(), &pm.key()));
             }
@@ -405,7 +407,14 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             match self.map.insert(key, ours.handle(), guard)? {
                 None => {
                     self.stats.add(spread, Count::Inserts, 1);
-                    self.policy.on_insert(self.event(id, &key));
+                    let event = self.event(id, &key);
+                    match parent {
+                        Some(p) => {
+                            self.policy
+                                .on_insert_child(event, p.handle().id(), extends_leaf)
+                        }
+                        None => self.policy.on_insert(event),
+                    }
                     return Ok(ours);
                 }
                 Some(existing) => match self.pool.try_acquire(existing) {
