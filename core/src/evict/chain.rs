@@ -75,7 +75,9 @@ struct State {
     /// Insertion clock at each page's last insert or hit.
     touched: Vec<u64>,
     depth: Vec<u32>,
-    /// Direct-mapped ghost: key fingerprint and the clock when last seen.
+    /// Direct-mapped ghost: key fingerprint and the clock when last seen
+    /// (0 = empty; the clock starts at 1, so fresh tables are all zeros and
+    /// cost nothing until touched).
     ghost_key: Vec<u64>,
     ghost_time: Vec<u64>,
     clock: u64,
@@ -98,13 +100,13 @@ impl ChainPolicy {
                 touched: vec![0; n],
                 depth: vec![0; n],
                 ghost_key: vec![0; ghost],
-                ghost_time: vec![u64::MAX; ghost],
-                clock: 0,
+                ghost_time: vec![0; ghost],
+                clock: 1,
                 gaps: [0; BINS],
                 main_age_sum: 0,
                 main_evictions: 0,
                 theta: 1.0,
-                next_control: PERIOD,
+                next_control: 1 + PERIOD,
             }),
         }
     }
@@ -131,7 +133,7 @@ impl State {
     /// records it as seen now.
     fn ghost_swap(&mut self, fingerprint: u64) -> Option<u64> {
         let i = self.ghost_slot(fingerprint);
-        let seen = (self.ghost_key[i] == fingerprint && self.ghost_time[i] != u64::MAX)
+        let seen = (self.ghost_key[i] == fingerprint && self.ghost_time[i] != 0)
             .then_some(self.ghost_time[i]);
         self.ghost_key[i] = fingerprint;
         self.ghost_time[i] = self.clock;
@@ -353,13 +355,13 @@ mod tests {
         s.gaps[13] = 1000;
         s.main_age_sum = 100 * 10;
         s.main_evictions = 10;
-        s.clock = PERIOD;
+        s.clock = s.next_control;
         s.control();
         assert!((s.theta - 0.8).abs() < 1e-12);
         // Main outlives the returns: θ grows back (capped at 1).
         s.main_age_sum = 10_000 * 10;
         s.main_evictions = 10;
-        s.clock += PERIOD;
+        s.clock = s.next_control;
         s.control();
         assert!((s.theta - 1.0).abs() < 1e-12);
     }

@@ -10,8 +10,8 @@ use hashbrown::{HashMap, HashSet};
 
 use super::small;
 use crate::{
-    BlockHash, CacheStore, ClockPolicy, Error, EvictionPolicy, KvDtype, KvLayout, LayoutSpec, Life,
-    LruPolicy, PageId, PagePool, PageRef, Priority, SliceKey, TinyLfuPolicy,
+    BlockHash, CacheStore, ChainPolicy, ClockPolicy, Error, EvictionPolicy, KvDtype, KvLayout,
+    LayoutSpec, Life, LruPolicy, PageId, PagePool, PageRef, Priority, SliceKey, TinyLfuPolicy,
 };
 
 const BT: u32 = 4;
@@ -31,10 +31,11 @@ fn chain(root: u32, depth: u32) -> Vec<SliceKey> {
 pub fn cache_store(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let cap = small(&mut u, 1, 16);
-    match small(&mut u, 0, 2) {
+    match small(&mut u, 0, 3) {
         0 => run(&mut u, cap, LruPolicy::new(cap)),
         1 => run(&mut u, cap, ClockPolicy::new(cap)),
-        _ => run(&mut u, cap, TinyLfuPolicy::new(cap)),
+        2 => run(&mut u, cap, TinyLfuPolicy::new(cap)),
+        _ => run(&mut u, cap, ChainPolicy::new(cap)),
     }
 }
 
