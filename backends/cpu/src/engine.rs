@@ -11,6 +11,12 @@ use kvslice_core::{
 
 use crate::kernels::Kernels;
 
+/// Bytes of the next page's K and of its V touched ahead of use: two lines
+/// are enough to start the L2 streamer on each (measured: 64 to 512 bytes
+/// all gave +10–15% at 8k and 32k tokens; bulk-prefetching whole regions
+/// stalls on the line-fill buffers instead).
+const STREAM_START_BYTES: usize = 128;
+
 /// Paged attention on the CPU with SIMD kernels and threads.
 ///
 /// Per sequence and kv head it widens each page's K and V rows to f32 once
@@ -288,6 +294,15 @@ impl CpuEngine {
             let page = pages.page(seq.block_table[block])?;
             let kb = &page[(k_region.start + from * hd) * es..(k_region.start + upto * hd) * es];
             let vb = &page[(v_region.start + from * hd) * es..(v_region.start + upto * hd) * es];
+            // Touch the first lines of the next page's K and V so the L2
+            // streamer starts on them while this page is computed.
+            if (block + 1) * bt < t.end {
+                let next = pages.page(seq.block_table[block + 1])?;
+                let ks = k_region.start * es;
+                let vs = v_region.start * es;
+                (k.prefetch)(&next[ks..(ks + STREAM_START_BYTES).min(next.len())]);
+                (k.prefetch)(&next[vs..(vs + STREAM_START_BYTES).min(next.len())]);
+            }
             // Widen this block's K and V once for the whole GQA group.
             k.widen(dtype, kb, &mut scratch.k[..n * hd]);
             k.widen(dtype, vb, &mut scratch.v[..n * hd]);

@@ -20,12 +20,22 @@ pub(super) fn kernels() -> Option<Kernels> {
         exp,
         scores,
         weighted_sum,
+        prefetch,
     })
 }
 
 // The safe wrappers below are reachable only through the table `kernels()`
 // returns, which exists only after the features were detected: that is the
 // invariant every `SAFETY` comment here relies on.
+
+fn prefetch(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch is a hint with no architectural effect; it
+        // never faults, and the address is inside `bytes` anyway. SSE is
+        // part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
+}
 
 fn widen_f32(src: &[u8], dst: &mut [f32]) {
     let n = dst.len().min(src.len() / 4);

@@ -32,6 +32,11 @@ pub struct Kernels {
     /// `acc[r] += Σ_j p[r·n + j] · v[j]` for `rows` accumulators of width `d`,
     /// with `v` `n × d`.
     pub weighted_sum: fn(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]),
+    /// Asks for `bytes` to be brought into cache (a no-op where the ISA
+    /// has no stable prefetch intrinsic). The engine touches the first
+    /// lines of the next page's K and V so that the L2 streamer, which
+    /// stops at every 4 KiB page, is already running when they are read.
+    pub prefetch: fn(bytes: &[u8]),
 }
 
 impl std::fmt::Debug for Kernels {

@@ -18,11 +18,15 @@ pub(super) fn kernels() -> Option<Kernels> {
         exp,
         scores,
         weighted_sum,
+        prefetch,
     })
 }
 
 // The safe wrappers check lengths; the `unsafe` fns below rely on those
 // checks for every pointer offset, and on NEON being present (above).
+
+/// A no-op: Rust's aarch64 prefetch intrinsic is not stable yet.
+fn prefetch(_: &[u8]) {}
 
 fn widen_f32(src: &[u8], dst: &mut [f32]) {
     let n = dst.len().min(src.len() / 4);

@@ -15,8 +15,12 @@ pub(super) fn kernels() -> Kernels {
         exp,
         scores,
         weighted_sum,
+        prefetch,
     }
 }
+
+/// A no-op: portable code has no prefetch.
+fn prefetch(_: &[u8]) {}
 
 fn widen_f32(src: &[u8], dst: &mut [f32]) {
     for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
