@@ -160,7 +160,7 @@ impl WgpuEngine {
         Ok(())
     }
 
-    fn storage(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+    fn storage(&self, label: &str, bytes: Vec<u8>) -> Result<wgpu::Buffer> {
         self.buffer(
             label,
             bytes.len() as u64,
@@ -169,13 +169,15 @@ impl WgpuEngine {
         )
     }
 
-    /// A buffer of `size` bytes (at least one word), filled with `init`.
+    /// A buffer of `size` bytes (at least one word), filled with `init`
+    /// (padded in place to whole words). Call inside the caller's error
+    /// scope: one scope covers a whole call's allocations and submission.
     fn buffer(
         &self,
         label: &str,
         size: u64,
         usage: wgpu::BufferUsages,
-        init: Option<&[u8]>,
+        init: Option<Vec<u8>>,
     ) -> Result<wgpu::Buffer> {
         let size = size.max(4).div_ceil(4) * 4;
         if usage.contains(wgpu::BufferUsages::STORAGE) && size > self.gpu.max_binding {
@@ -187,18 +189,15 @@ impl WgpuEngine {
                 ),
             });
         }
-        let buf = self.gpu.scoped(|| {
-            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage: usage | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        })?;
-        if let Some(bytes) = init {
-            let mut padded = bytes.to_vec();
-            padded.resize(size as usize, 0);
-            self.gpu.queue.write_buffer(&buf, 0, &padded);
+        let buf = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: usage | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if let Some(mut bytes) = init {
+            bytes.resize(size as usize, 0);
+            self.gpu.queue.write_buffer(&buf, 0, &bytes);
         }
         Ok(buf)
     }
@@ -218,13 +217,11 @@ impl WgpuEngine {
     }
 
     fn params(&self, p: &Params) -> Result<wgpu::Buffer> {
-        let words = p.words();
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         self.buffer(
             "kvslice params",
             64,
             wgpu::BufferUsages::UNIFORM,
-            Some(&bytes),
+            Some(le_bytes(p.words())),
         )
     }
 
@@ -380,45 +377,44 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
         };
         let (ax, ay) = self.grid(cut.work.len() as u32)?;
         let (mx, my) = self.grid(cut.merge.len() as u32)?;
-        let attend_params = self.params(&Params {
-            num_items: cut.work.len() as u32,
-            grid_x: ax,
-            ..base
-        })?;
-        let merge_params = self.params(&Params {
-            num_items: cut.merge.len() as u32,
-            grid_x: mx,
-            ..base
-        })?;
-        let queries = self.storage(
-            "kvslice queries",
-            &le_bytes(batch.queries.iter().map(|x| x.to_bits())),
-        )?;
-        let work = self.storage(
-            "kvslice work",
-            &le_bytes(cut.work.iter().flat_map(|w| w.words())),
-        )?;
-        let merges = self.storage(
-            "kvslice merges",
-            &le_bytes(cut.merge.iter().flat_map(|m| m.words())),
-        )?;
-        let tables = self.storage("kvslice tables", &le_bytes(cut.tables.iter().copied()))?;
-        let partial_bytes = cut.work.len() as u64 * u64::from(rows) * u64::from(hd + 2) * 4;
-        let partials = self.buffer(
-            "kvslice partials",
-            partial_bytes,
-            wgpu::BufferUsages::STORAGE,
-            None,
-        )?;
         let out_bytes = out.len() as u64 * 4;
-        let output = self.buffer(
-            "kvslice output",
-            out_bytes,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            None,
-        )?;
-
-        self.gpu.scoped(|| {
+        let output = self.gpu.scoped(|| -> Result<wgpu::Buffer> {
+            let attend_params = self.params(&Params {
+                num_items: cut.work.len() as u32,
+                grid_x: ax,
+                ..base
+            })?;
+            let merge_params = self.params(&Params {
+                num_items: cut.merge.len() as u32,
+                grid_x: mx,
+                ..base
+            })?;
+            let queries = self.storage(
+                "kvslice queries",
+                le_bytes(batch.queries.iter().map(|x| x.to_bits())),
+            )?;
+            let work = self.storage(
+                "kvslice work",
+                le_bytes(cut.work.iter().flat_map(|w| w.words())),
+            )?;
+            let merges = self.storage(
+                "kvslice merges",
+                le_bytes(cut.merge.iter().flat_map(|m| m.words())),
+            )?;
+            let tables = self.storage("kvslice tables", le_bytes(cut.tables.iter().copied()))?;
+            let partial_bytes = cut.work.len() as u64 * u64::from(rows) * u64::from(hd + 2) * 4;
+            let partials = self.buffer(
+                "kvslice partials",
+                partial_bytes,
+                wgpu::BufferUsages::STORAGE,
+                None,
+            )?;
+            let output = self.buffer(
+                "kvslice output",
+                out_bytes,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                None,
+            )?;
             let attend_group = self.bind(
                 &attend,
                 &[&attend_params, &queries, &work, &tables, &partials],
@@ -437,7 +433,8 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
                 pass.dispatch_workgroups(mx, my, 1);
             }
             self.gpu.queue.submit([enc.finish()]);
-        })?;
+            Ok(output)
+        })??;
         let bytes = self.gpu.read_back(&output, out_bytes)?;
         for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
             *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -479,17 +476,19 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
         let pipeline = self.pipelines.get(&self.gpu, key)?;
         let items = (w.k.len() + w.v.len()) as u32;
         let (gx, gy) = self.grid(items.div_ceil(WORKGROUP_SIZE))?;
-        let params = self.params(&Params {
-            start: w.start as u32,
-            tokens: shape.tokens as u32,
-            kv_heads: shape.kv_heads as u32,
-            num_items: items,
-            grid_x: gx,
-            ..Self::base_params(&layout, shape.layer_in_group, pages)?
-        })?;
-        let payload = self.storage("kvslice payload", &payload)?;
-        let table = self.storage("kvslice table", &le_bytes(table.iter().map(|p| p.0)))?;
-        self.gpu.scoped(|| {
+        let base = Self::base_params(&layout, shape.layer_in_group, pages)?;
+        let table = le_bytes(table.iter().map(|p| p.0));
+        self.gpu.scoped(|| -> Result<()> {
+            let params = self.params(&Params {
+                start: w.start as u32,
+                tokens: shape.tokens as u32,
+                kv_heads: shape.kv_heads as u32,
+                num_items: items,
+                grid_x: gx,
+                ..base
+            })?;
+            let payload = self.storage("kvslice payload", payload)?;
+            let table = self.storage("kvslice table", table)?;
             let group = self.bind(
                 &pipeline,
                 &[&params, &payload, &table],
@@ -503,7 +502,8 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
                 pass.dispatch_workgroups(gx, gy, 1);
             }
             self.gpu.queue.submit([enc.finish()]);
-        })?;
+            Ok(())
+        })??;
         self.gpu.wait()
     }
 }
