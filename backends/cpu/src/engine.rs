@@ -286,26 +286,23 @@ impl CpuEngine {
         scratch.v.resize(bt * hd, 0.0);
         scratch.scores.resize(rows * bt, 0.0);
         let mut pos = t.start;
+        // Each page is looked up once: as the prefetch target, then used.
+        let mut page = pages.page(seq.block_table[pos / bt])?;
         while pos < t.end {
             let block = pos / bt;
             let from = pos % bt;
             let upto = (t.end - block * bt).min(bt);
             let n = upto - from;
-            let page = pages.page(seq.block_table[block])?;
-            let kb = &page[(k_region.start + from * hd) * es..(k_region.start + upto * hd) * es];
-            let vb = &page[(v_region.start + from * hd) * es..(v_region.start + upto * hd) * es];
+            let this = page;
             // Touch the first lines of the next page's K and V so the L2
             // streamer starts on them while this page is computed.
             if (block + 1) * bt < t.end {
-                let next = pages.page(seq.block_table[block + 1])?;
+                page = pages.page(seq.block_table[block + 1])?;
                 let ks = k_region.start * es;
                 let vs = v_region.start * es;
-                (k.prefetch)(&next[ks..(ks + STREAM_START_BYTES).min(next.len())]);
-                (k.prefetch)(&next[vs..(vs + STREAM_START_BYTES).min(next.len())]);
+                (k.prefetch)(&page[ks..(ks + STREAM_START_BYTES).min(page.len())]);
+                (k.prefetch)(&page[vs..(vs + STREAM_START_BYTES).min(page.len())]);
             }
-            // Widen this block's K and V once for the whole GQA group.
-            k.widen(dtype, kb, &mut scratch.k[..n * hd]);
-            k.widen(dtype, vb, &mut scratch.v[..n * hd]);
             // Causal, bottom-right aligned: token `tok` sees keys
             // 0..=kv_len - q_len + tok, so tokens before `first_tok` see
             // nothing in this block.
@@ -314,6 +311,11 @@ impl CpuEngine {
                 pos += n;
                 continue;
             }
+            // Widen this block's K and V once for the whole GQA group.
+            let kb = &this[(k_region.start + from * hd) * es..(k_region.start + upto * hd) * es];
+            let vb = &this[(v_region.start + from * hd) * es..(v_region.start + upto * hd) * es];
+            k.widen(dtype, kb, &mut scratch.k[..n * hd]);
+            k.widen(dtype, vb, &mut scratch.v[..n * hd]);
             let first = first_tok * ratio;
             let live = rows - first;
             let scores = &mut scratch.scores[..live * n];
