@@ -19,6 +19,14 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, 
 #[cfg(not(kvslice_loom))]
 pub(crate) use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
+// The slice map's table is shared with deferred reclamation closures; under
+// loom its `Arc` is tracked, so one never dropped fails the model.
+#[cfg(kvslice_loom)]
+pub(crate) use loom::sync::Arc;
+
+#[cfg(not(kvslice_loom))]
+pub(crate) use alloc::sync::Arc;
+
 /// Tells the CPU (or loom's scheduler) that this thread is waiting.
 #[inline]
 pub(crate) fn spin_hint() {

@@ -84,3 +84,57 @@ fn threads_inserting_and_removing_disjoint_and_shared_keys() {
         );
     }
 }
+
+/// Two threads insert the same key into a two-bucket map whose inline slots
+/// are churned by other keys, round after round: whichever of inline slot
+/// and overflow chain each insert lands in, exactly one wins and the other
+/// is handed the winner's value.
+#[test]
+fn racing_inserts_of_one_key_never_duplicate() {
+    let (_pool, values) = handles(4);
+    let map = SliceMap::with_collector(1, Collector::new());
+    let barrier = std::sync::Barrier::new(2);
+    let rounds = 20_000u64;
+    let wins: Vec<u64> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (map, values, barrier) = (&map, &values, &barrier);
+                s.spawn(move || {
+                    let local = map.collector().register();
+                    let mine = values[t as usize];
+                    let filler = key(500 + t);
+                    let mut wins = 0;
+                    for round in 0..rounds {
+                        let k = key(round % 3);
+                        // Vary what occupies the inline slots meanwhile.
+                        if round % 2 == t {
+                            let _ = map.insert(filler, values[2], &local.pin()).unwrap();
+                        }
+                        barrier.wait();
+                        let guard = local.pin();
+                        match map.insert(k, mine, &guard).unwrap() {
+                            None => wins += 1,
+                            Some(v) => assert_eq!(v, values[1 - t as usize], "round {round}"),
+                        }
+                        assert!(map.get(&k, &guard).unwrap().is_some());
+                        drop(guard);
+                        barrier.wait();
+                        if t == 0 {
+                            let guard = local.pin();
+                            assert!(map.remove(&k, &guard).unwrap().is_some());
+                            assert_eq!(map.get(&k, &guard).unwrap(), None);
+                            let census = map.census(&guard).unwrap();
+                            assert!(census.entries <= 2, "{census:?}");
+                        } else if round % 5 == 0 {
+                            let _ = map.remove(&filler, &local.pin()).unwrap();
+                        }
+                        barrier.wait();
+                    }
+                    wins
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    assert_eq!(wins[0] + wins[1], rounds, "{wins:?}");
+}

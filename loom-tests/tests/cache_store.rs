@@ -77,6 +77,98 @@ fn map_get_races_remove() {
     });
 }
 
+/// Two threads insert one key into an empty bucket: one claims the inline
+/// slot, the other may push to the overflow chain while the slot is being
+/// written. Exactly one insert wins and the other is handed its value.
+#[test]
+fn map_inserts_of_one_key_race() {
+    model(|| {
+        let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
+        let pool = PagePool::new(
+            KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
+            2,
+        )
+        .unwrap();
+        let hs: Vec<_> = pool.alloc_many(2).unwrap().map(|p| p.handle()).collect();
+        let inserters: Vec<_> = hs
+            .iter()
+            .map(|&h| {
+                let map = map.clone();
+                thread::spawn(move || {
+                    let local = map.collector().register();
+                    map.insert(key(0), h, &local.pin()).unwrap()
+                })
+            })
+            .collect();
+        let got: Vec<_> = inserters.into_iter().map(|t| t.join().unwrap()).collect();
+        let local = map.collector().register();
+        let guard = local.pin();
+        let stored = map.get(&key(0), &guard).unwrap().expect("one insert won");
+        match (got[0], got[1]) {
+            (None, Some(v)) => assert_eq!((v, stored), (hs[0], hs[0])),
+            (Some(v), None) => assert_eq!((v, stored), (hs[1], hs[1])),
+            other => panic!("both or neither won: {other:?}"),
+        }
+        assert_eq!(map.census(&guard).unwrap().entries, 1);
+    });
+}
+
+/// A reader of key A races the removal of A and the insertion of B into
+/// the same bucket, which reuses A's inline slot once the epoch collector
+/// hands it back. The reader sees A's value or nothing for A, never B's
+/// value or a half-written slot.
+#[test]
+fn map_get_races_inline_slot_reuse() {
+    model(|| {
+        let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
+        let (a, b) = {
+            let a = key(0);
+            let b = (1..)
+                .map(key)
+                .find(|k| map.bucket_of(k) == map.bucket_of(&a));
+            (a, b.unwrap())
+        };
+        let pool = PagePool::new(
+            KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
+            2,
+        )
+        .unwrap();
+        let hs: Vec<_> = pool.alloc_many(2).unwrap().map(|p| p.handle()).collect();
+        let (ha, hb) = (hs[0], hs[1]);
+        {
+            let local = map.collector().register();
+            assert_eq!(map.insert(a, ha, &local.pin()).unwrap(), None);
+        }
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                let local = map.collector().register();
+                let guard = local.pin();
+                let got = map.get(&a, &guard).unwrap();
+                assert!(got.is_none() || got == Some(ha), "{got:?}");
+            })
+        };
+        let writer = {
+            let map = map.clone();
+            thread::spawn(move || {
+                let local = map.collector().register();
+                assert_eq!(map.remove(&a, &local.pin()).unwrap(), Some(ha));
+                // Give the collector chances to hand the slot back.
+                for _ in 0..2 {
+                    local.pin().flush();
+                }
+                assert_eq!(map.insert(b, hb, &local.pin()).unwrap(), None);
+            })
+        };
+        reader.join().unwrap();
+        writer.join().unwrap();
+        let local = map.collector().register();
+        let guard = local.pin();
+        assert_eq!(map.get(&a, &guard).unwrap(), None);
+        assert_eq!(map.get(&b, &guard).unwrap(), Some(hb));
+    });
+}
+
 /// Two workers publish the same key: one page survives, the other goes back
 /// to the pool, and both end up holding the survivor.
 #[test]

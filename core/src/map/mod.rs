@@ -1,10 +1,13 @@
 //! The slice map: `SliceKey` → `PageHandle`, lock-free, epoch-reclaimed.
 //!
-//! A fixed array of buckets (twice the pool's capacity, rounded up to a
-//! power of two, so it never resizes), each a lock-free Harris–Michael list
-//! (`list.rs`). Readers never write; removed nodes are unlinked and handed
-//! to crossbeam-epoch, which frees them once no pinned thread can still see
-//! them. Every operation takes a [`Guard`] from the map's [`Collector`]:
+//! A fixed array of cache-line buckets (twice the pool's capacity, rounded
+//! up to a power of two, so it never resizes). Each bucket holds one entry
+//! inline and a lock-free Harris–Michael overflow chain (`bucket.rs`,
+//! `list.rs`), so most hits read one cache line and follow no pointer.
+//! Readers never write; removed chain nodes are unlinked and handed to
+//! crossbeam-epoch, which frees them once no pinned thread can still see
+//! them, and a removed inline entry's slot is handed back the same way.
+//! Every operation takes a [`Guard`] from the map's [`Collector`]:
 //!
 //! ```
 //! use crossbeam_epoch::Collector;
@@ -22,29 +25,37 @@
 //! # Ok::<(), kvslice_core::Error>(())
 //! ```
 
+mod bucket;
 mod list;
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
-use crossbeam_epoch::{Atomic, Collector, Guard};
+use crossbeam_epoch::{Collector, Guard};
 
-use self::list::Bucket;
+use self::bucket::{Bucket, Removed, key_words};
 use crate::error::{Error, Result};
 use crate::key::SliceKey;
 use crate::pool::PageHandle;
+use crate::sync::Arc;
 
 /// A fixed-size, lock-free map from slice keys to page handles.
 pub struct SliceMap {
+    /// Shared with the closures that reclaim inline slots, which the
+    /// collector may run after the map is gone.
+    table: Arc<Table>,
+    collector: Collector,
+}
+
+struct Table {
     buckets: Box<[Bucket]>,
     mask: usize,
-    collector: Collector,
 }
 
 impl core::fmt::Debug for SliceMap {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SliceMap")
-            .field("buckets", &self.buckets.len())
+            .field("buckets", &self.table.buckets.len())
             .finish()
     }
 }
@@ -57,14 +68,12 @@ impl SliceMap {
             .max(1)
             .saturating_mul(2)
             .next_power_of_two();
-        let buckets: Vec<Bucket> = (0..n)
-            .map(|_| Bucket {
-                head: Atomic::null(),
-            })
-            .collect();
+        let buckets: Vec<Bucket> = (0..n).map(|_| Bucket::new()).collect();
         Self {
-            buckets: buckets.into_boxed_slice(),
-            mask: n - 1,
+            table: Arc::new(Table {
+                buckets: buckets.into_boxed_slice(),
+                mask: n - 1,
+            }),
             collector,
         }
     }
@@ -83,7 +92,23 @@ impl SliceMap {
 
     /// Number of buckets.
     pub fn buckets(&self) -> usize {
-        self.buckets.len()
+        self.table.buckets.len()
+    }
+
+    /// The bucket `key` lives in (its inline slot or its overflow chain),
+    /// for tests and diagnostics that need keys to collide.
+    ///
+    /// ```
+    /// use kvslice_core::{BlockHash, SliceKey, SliceMap};
+    ///
+    /// let map = SliceMap::new(1); // two buckets
+    /// let key = |i| SliceKey { block: BlockHash(i), block_index: 0, layer_group: 0, head_shard: 0 };
+    /// let first = map.bucket_of(&key(0));
+    /// let same = (1..).map(key).find(|k| map.bucket_of(k) == first).unwrap();
+    /// assert!(map.bucket_of(&same) < map.buckets());
+    /// ```
+    pub fn bucket_of(&self, key: &SliceKey) -> usize {
+        hash(key) as usize & self.table.mask
     }
 
     /// Errors unless `guard` is pinned on this map's collector.
@@ -99,15 +124,16 @@ impl SliceMap {
     }
 
     #[inline]
-    fn bucket(&self, key: &SliceKey, guard: &Guard) -> Result<&Bucket> {
+    fn index(&self, key: &SliceKey, guard: &Guard) -> Result<usize> {
         self.check_guard(guard)?;
-        Ok(&self.buckets[hash(key) as usize & self.mask])
+        Ok(self.bucket_of(key))
     }
 
     /// The handle stored for `key`. Read-only and allocation-free.
     #[inline]
     pub fn get(&self, key: &SliceKey, guard: &Guard) -> Result<Option<PageHandle>> {
-        Ok(self.bucket(key, guard)?.get(key, guard))
+        let i = self.index(key, guard)?;
+        Ok(self.table.buckets[i].get(key, &key_words(key), guard))
     }
 
     /// Stores `key → value` unless `key` is present; returns the present
@@ -118,20 +144,40 @@ impl SliceMap {
         value: PageHandle,
         guard: &Guard,
     ) -> Result<Option<PageHandle>> {
-        Ok(self.bucket(&key, guard)?.insert(key, value, guard))
+        let i = self.index(&key, guard)?;
+        Ok(self.table.buckets[i].insert(key, &key_words(&key), value, guard))
     }
 
     /// Removes `key`, returning its value.
     pub fn remove(&self, key: &SliceKey, guard: &Guard) -> Result<Option<PageHandle>> {
-        Ok(self.bucket(key, guard)?.remove(key, None, guard))
+        self.remove_where(key, None, guard)
     }
 
     /// Removes `key` only if it maps to `expected`; returns whether it did.
     pub fn remove_if(&self, key: &SliceKey, expected: PageHandle, guard: &Guard) -> Result<bool> {
-        Ok(self
-            .bucket(key, guard)?
-            .remove(key, Some(expected), guard)
-            .is_some())
+        Ok(self.remove_where(key, Some(expected), guard)?.is_some())
+    }
+
+    fn remove_where(
+        &self,
+        key: &SliceKey,
+        expected: Option<PageHandle>,
+        guard: &Guard,
+    ) -> Result<Option<PageHandle>> {
+        let i = self.index(key, guard)?;
+        Ok(
+            match self.table.buckets[i].remove(key, &key_words(key), expected, guard) {
+                Some(Removed::Inline(value)) => {
+                    // The slot is reusable once no thread that may have seen
+                    // the entry is still pinned.
+                    let table = Arc::clone(&self.table);
+                    guard.defer(move || table.buckets[i].reclaim());
+                    Some(value)
+                }
+                Some(Removed::Chained(value)) => Some(value),
+                None => None,
+            },
+        )
     }
 
     /// Entries and the longest bucket chain (counting nodes not yet
@@ -139,10 +185,11 @@ impl SliceMap {
     pub fn census(&self, guard: &Guard) -> Result<MapCensus> {
         self.check_guard(guard)?;
         let mut census = MapCensus::default();
-        for b in self.buckets.iter() {
-            let (live, chain) = b.census(guard);
-            census.entries += live;
-            census.longest_chain = census.longest_chain.max(chain);
+        for b in self.table.buckets.iter() {
+            let (inline, chained, nodes) = b.census(guard);
+            census.entries += inline + chained;
+            census.inline += inline;
+            census.longest_chain = census.longest_chain.max(nodes);
         }
         Ok(census)
     }
@@ -153,7 +200,11 @@ impl SliceMap {
 pub struct MapCensus {
     /// Live entries.
     pub entries: usize,
-    /// Nodes in the longest bucket, including removed ones not yet unlinked.
+    /// Live entries held in their bucket's inline slot (the rest are
+    /// chained, one pointer further away).
+    pub inline: usize,
+    /// Nodes in the longest overflow chain, including removed ones not yet
+    /// unlinked.
     pub longest_chain: usize,
 }
 
@@ -169,12 +220,4 @@ fn hash(key: &SliceKey) -> u64 {
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
-}
-
-impl Drop for SliceMap {
-    fn drop(&mut self) {
-        for b in self.buckets.iter_mut() {
-            b.free_all();
-        }
-    }
 }

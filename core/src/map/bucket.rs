@@ -1,0 +1,263 @@
+//! One bucket: an inline slot and an overflow chain, in one cache line.
+//!
+//! Most keys live in their bucket's inline slot (the table has twice as
+//! many buckets as the map has capacity), so a hit reads one cache line and
+//! follows no pointer. Keys that find the slot taken go to the overflow
+//! chain (`list.rs`).
+//!
+//! The control word `ctl` is the chain's head pointer, tagged with the
+//! inline slot's state:
+//!
+//! ```text
+//! EMPTY --claim--> WRITING --publish--> LIVE --remove--> DEAD
+//!   ^                 |                                    |
+//!   +-----abort-------+          +----epoch-deferred-------+
+//!   +----------------------------+
+//! ```
+//!
+//! Every insert-if-absent ends in one CAS on `ctl` from a snapshot taken
+//! before it scanned for its key (a chain push, or a claimed slot going
+//! LIVE), so any insert of the same key since the snapshot makes it fail
+//! and rescan. A snapshot cannot come back (ABA) with the slot holding
+//! something new: a slot leaves DEAD only through a closure deferred on the
+//! epoch collector, which cannot run while the snapshotting thread is
+//! pinned; chain nodes are not freed while it is pinned either.
+//!
+//! The same deferral keeps the slot's key and value words fixed for as
+//! long as any reader that saw the slot LIVE is pinned, so readers never
+//! write and never retry: load `ctl`, compare the key, read the value.
+
+use crossbeam_epoch::{Atomic, Guard, Owned};
+
+use super::list::{self, Node};
+use crate::key::SliceKey;
+use crate::pool::PageHandle;
+use crate::sync::AtomicU64;
+use crate::sync::Ordering::{AcqRel, Acquire, Relaxed};
+
+const EMPTY: usize = 0;
+const WRITING: usize = 1;
+const LIVE: usize = 2;
+const DEAD: usize = 3;
+
+/// A key as the four words the inline slot stores.
+pub(super) type KeyWords = [u64; 4];
+
+#[inline]
+pub(super) fn key_words(key: &SliceKey) -> KeyWords {
+    [
+        key.block.0 as u64,
+        (key.block.0 >> 64) as u64,
+        u64::from(key.block_index) | u64::from(key.layer_group) << 32,
+        u64::from(key.head_shard),
+    ]
+}
+
+#[inline]
+fn pack(h: PageHandle) -> u64 {
+    u64::from(h.id().0) << 32 | u64::from(h.generation())
+}
+
+#[inline]
+fn unpack(w: u64) -> PageHandle {
+    PageHandle::from_parts((w >> 32) as u32, w as u32)
+}
+
+/// What a removal took out, and from where.
+pub(super) enum Removed {
+    /// From the inline slot, which is now DEAD: the caller must defer
+    /// [`Bucket::reclaim`] on the epoch collector.
+    Inline(PageHandle),
+    /// From the chain (the node is already deferred).
+    Chained(PageHandle),
+}
+
+#[repr(C, align(64))]
+pub(super) struct Bucket {
+    /// Head of the overflow chain; its tag is the inline slot's state.
+    ctl: Atomic<Node>,
+    /// The inline entry's page handle; written only while WRITING.
+    value: AtomicU64,
+    /// The inline entry's key; written only while WRITING.
+    key: [AtomicU64; 4],
+}
+
+impl Bucket {
+    pub(super) fn new() -> Self {
+        Self {
+            ctl: Atomic::null(),
+            value: AtomicU64::new(0),
+            key: core::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Whether the inline slot's key is `w`. Only meaningful once `ctl` was
+    /// seen LIVE under the caller's guard (the words are then fixed).
+    #[inline]
+    fn holds(&self, w: &KeyWords) -> bool {
+        self.key[0].load(Relaxed) == w[0]
+            && self.key[1].load(Relaxed) == w[1]
+            && self.key[2].load(Relaxed) == w[2]
+            && self.key[3].load(Relaxed) == w[3]
+    }
+
+    #[inline]
+    pub(super) fn get(&self, key: &SliceKey, w: &KeyWords, guard: &Guard) -> Option<PageHandle> {
+        let c = self.ctl.load(Acquire, guard);
+        if c.tag() == LIVE && self.holds(w) {
+            return Some(unpack(self.value.load(Relaxed)));
+        }
+        list::get(c, key, guard)
+    }
+
+    pub(super) fn insert(
+        &self,
+        key: SliceKey,
+        w: &KeyWords,
+        value: PageHandle,
+        guard: &Guard,
+    ) -> Option<PageHandle> {
+        let mut spare: Option<Owned<Node>> = None;
+        loop {
+            let c = self.ctl.load(Acquire, guard);
+            if c.tag() == LIVE && self.holds(w) {
+                return Some(unpack(self.value.load(Relaxed)));
+            }
+            let at = list::find(&self.ctl, &key, guard);
+            // SAFETY: `at.curr` came from this bucket's chain under `guard`.
+            if let Some(node) = unsafe { list::deref(at.curr, guard) } {
+                return Some(node.value);
+            }
+            if c.tag() == EMPTY {
+                // Claim the slot; Acquire orders our writes after the
+                // reclaim that emptied it (and so after its old readers).
+                if self
+                    .ctl
+                    .compare_exchange(c, c.with_tag(WRITING), AcqRel, Acquire, guard)
+                    .is_ok()
+                {
+                    return self.fill(&key, w, value, guard);
+                }
+                continue;
+            }
+            let node = spare
+                .take()
+                .unwrap_or_else(|| Owned::new(Node::new(key, value)));
+            node.next.store(c.with_tag(0), Relaxed);
+            match self
+                .ctl
+                .compare_exchange(c, node.with_tag(c.tag()), AcqRel, Acquire, guard)
+            {
+                Ok(_) => return None,
+                Err(e) => spare = Some(e.new.with_tag(0)),
+            }
+        }
+    }
+
+    /// Writes a claimed (WRITING) slot and publishes it, unless the chain
+    /// gained `key` meanwhile: then the slot goes back to EMPTY (no reader
+    /// ever saw it LIVE) and the chained value is returned.
+    fn fill(
+        &self,
+        key: &SliceKey,
+        w: &KeyWords,
+        value: PageHandle,
+        guard: &Guard,
+    ) -> Option<PageHandle> {
+        for (slot, &word) in self.key.iter().zip(w) {
+            slot.store(word, Relaxed);
+        }
+        self.value.store(pack(value), Relaxed);
+        loop {
+            // Only this thread moves the slot out of WRITING; others can
+            // only change the chain pointer, which fails the CAS below.
+            let c = self.ctl.load(Acquire, guard);
+            debug_assert_eq!(c.tag(), WRITING);
+            let at = list::find(&self.ctl, key, guard);
+            // SAFETY: `at.curr` came from this bucket's chain under `guard`.
+            if let Some(node) = unsafe { list::deref(at.curr, guard) } {
+                let found = node.value;
+                self.set_state(WRITING, EMPTY, guard);
+                return Some(found);
+            }
+            // Release: a reader that sees LIVE sees the words written above.
+            if self
+                .ctl
+                .compare_exchange(c, c.with_tag(LIVE), AcqRel, Acquire, guard)
+                .is_ok()
+            {
+                return None;
+            }
+        }
+    }
+
+    /// Moves the slot from `from` (which only the caller can leave) to `to`,
+    /// whatever the chain pointer does meanwhile.
+    fn set_state(&self, from: usize, to: usize, guard: &Guard) {
+        let mut c = self.ctl.load(Acquire, guard);
+        loop {
+            debug_assert_eq!(c.tag(), from);
+            match self
+                .ctl
+                .compare_exchange(c, c.with_tag(to), AcqRel, Acquire, guard)
+            {
+                Ok(_) => return,
+                Err(e) => c = e.current,
+            }
+        }
+    }
+
+    pub(super) fn remove(
+        &self,
+        key: &SliceKey,
+        w: &KeyWords,
+        expected: Option<PageHandle>,
+        guard: &Guard,
+    ) -> Option<Removed> {
+        loop {
+            let c = self.ctl.load(Acquire, guard);
+            if c.tag() == LIVE && self.holds(w) {
+                let value = unpack(self.value.load(Relaxed));
+                if expected.is_some_and(|e| e != value) {
+                    return None;
+                }
+                match self
+                    .ctl
+                    .compare_exchange(c, c.with_tag(DEAD), AcqRel, Acquire, guard)
+                {
+                    Ok(_) => return Some(Removed::Inline(value)),
+                    // The chain moved, or another remover won: look again.
+                    Err(_) => continue,
+                }
+            }
+            return list::remove(&self.ctl, key, expected, guard).map(Removed::Chained);
+        }
+    }
+
+    /// DEAD → EMPTY. Run only through the epoch collector, deferred by the
+    /// thread whose removal made the slot DEAD, so no thread that saw the
+    /// old entry is still pinned.
+    pub(super) fn reclaim(&self) {
+        // SAFETY: the unprotected guard only lets `fetch_and` hand back the
+        // old pointer, which is dropped without being dereferenced.
+        let guard = unsafe { crossbeam_epoch::unprotected() };
+        // Clearing the tag bits is DEAD → EMPTY; the chain pointer is kept.
+        // Release: the next claimer's writes come after the old readers.
+        let old = self.ctl.fetch_and(0, AcqRel, guard);
+        debug_assert_eq!(old.tag(), DEAD);
+    }
+
+    /// (inline entries, chained entries, chain nodes).
+    pub(super) fn census(&self, guard: &Guard) -> (usize, usize, usize) {
+        let inline = usize::from(self.ctl.load(Acquire, guard).tag() == LIVE);
+        let (chained, nodes) = list::census(&self.ctl, guard);
+        (inline, chained, nodes)
+    }
+}
+
+impl Drop for Bucket {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self` means no other thread can reach the chain.
+        unsafe { list::free_all(&self.ctl) }
+    }
+}
