@@ -31,6 +31,14 @@ pub const PLAIN_RUNS: usize = 2000;
 /// Runs `f` under loom's model checker, or [`PLAIN_RUNS`] times plainly,
 /// and prints how many executions that was.
 pub fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    model_with_preemptions(None, f)
+}
+
+/// [`model`], exploring at most `cap` preemptions per execution (or fewer,
+/// if `LOOM_MAX_PREEMPTIONS` says so). For models whose core race is proven
+/// at the full bound by a smaller model, and which would otherwise take
+/// most of CI's time.
+pub fn model_with_preemptions<F: Fn() + Sync + Send + 'static>(cap: Option<usize>, f: F) {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let runs = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
@@ -40,7 +48,15 @@ pub fn model<F: Fn() + Sync + Send + 'static>(f: F) {
         f();
     };
     #[cfg(kvslice_loom)]
-    loom::model(counted);
+    {
+        let mut builder = loom::model::Builder::new();
+        if let Some(cap) = cap {
+            builder.preemption_bound = Some(builder.preemption_bound.map_or(cap, |b| b.min(cap)));
+        }
+        builder.check(counted);
+    }
+    #[cfg(not(kvslice_loom))]
+    let _ = cap;
     #[cfg(not(kvslice_loom))]
     for _ in 0..PLAIN_RUNS {
         counted();
