@@ -4,8 +4,8 @@
 
 use kvslice_core::epoch::Collector;
 use kvslice_core::{
-    BlockHash, CacheStore, ClockPolicy, KvDtype, KvLayout, LayoutSpec, Life, PageId, PagePool,
-    SliceKey, SliceMap,
+    BlockHash, CacheStore, ClockPolicy, KvDtype, KvLayout, LayoutSpec, Life, PageHandle, PageId,
+    PagePool, SliceKey, SliceMap,
 };
 use kvslice_loom_tests::{Arc, model, model_with_preemptions, thread};
 
@@ -26,6 +26,14 @@ fn store(capacity: u32) -> Arc<Store> {
     Arc::new(CacheStore::from_parts(pool, ClockPolicy::new(capacity), Collector::new()).unwrap())
 }
 
+/// `n` distinct page handles to store as map values, and their pool.
+fn handles(n: u32) -> (PagePool<'static>, Vec<PageHandle>) {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap();
+    let pool = PagePool::new(layout, n).unwrap();
+    let hs = pool.alloc_many(n).unwrap().map(|p| p.handle()).collect();
+    (pool, hs)
+}
+
 /// Publishes `key(0)` and releases it: one cached, unreferenced page.
 fn publish_one(store: &Store) {
     let local = store.map().collector().register();
@@ -43,12 +51,8 @@ fn publish_one(store: &Store) {
 fn map_get_races_remove() {
     model(|| {
         let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
-        let pool = PagePool::new(
-            KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
-            1,
-        )
-        .unwrap();
-        let h = pool.alloc().unwrap().handle();
+        let (_pool, hs) = handles(1);
+        let h = hs[0];
         {
             let local = map.collector().register();
             assert_eq!(map.insert(key(0), h, &local.pin()).unwrap(), None);
@@ -84,12 +88,7 @@ fn map_get_races_remove() {
 fn map_inserts_of_one_key_race() {
     model(|| {
         let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
-        let pool = PagePool::new(
-            KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
-            2,
-        )
-        .unwrap();
-        let hs: Vec<_> = pool.alloc_many(2).unwrap().map(|p| p.handle()).collect();
+        let (_pool, hs) = handles(2);
         let inserters: Vec<_> = hs
             .iter()
             .map(|&h| {
@@ -128,12 +127,7 @@ fn map_get_races_inline_slot_reuse() {
                 .find(|k| map.bucket_of(k) == map.bucket_of(&a));
             (a, b.unwrap())
         };
-        let pool = PagePool::new(
-            KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap(),
-            2,
-        )
-        .unwrap();
-        let hs: Vec<_> = pool.alloc_many(2).unwrap().map(|p| p.handle()).collect();
+        let (_pool, hs) = handles(2);
         let (ha, hb) = (hs[0], hs[1]);
         {
             let local = map.collector().register();
