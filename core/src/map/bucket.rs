@@ -17,15 +17,36 @@
 //!
 //! Every insert-if-absent ends in one CAS on `ctl` from a snapshot taken
 //! before it scanned for its key (a chain push, or a claimed slot going
-//! LIVE), so any insert of the same key since the snapshot makes it fail
-//! and rescan. A snapshot cannot come back (ABA) with the slot holding
-//! something new: a slot leaves DEAD only through a closure deferred on the
-//! epoch collector, which cannot run while the snapshotting thread is
-//! pinned; chain nodes are not freed while it is pinned either.
+//! LIVE), so any insert of the same key since the snapshot moves `ctl` and
+//! makes it fail and rescan. `ctl` can return to the snapshot's exact value
+//! (ABA), but never with the key newly present:
+//! - the chain pointer: nodes are only ever pushed at the head, never
+//!   relinked, and not freed while the inserter is pinned, so if the head
+//!   is the same pointer, every node below it was seen by the scan;
+//! - a LIVE snapshot is the same entry: a slot leaves DEAD only through a
+//!   closure deferred on the epoch collector, which cannot run while a
+//!   thread that saw it LIVE is pinned;
+//! - a DEAD or EMPTY snapshot may come back after the slot held other
+//!   entries (a reclaim deferred before the inserter pinned can run), but
+//!   then the slot is not LIVE when the CAS succeeds;
+//! - a WRITING snapshot may come back after an abort and a new claim, but
+//!   whoever fills a slot rescans the chain after its own load of `ctl` and
+//!   goes LIVE only by a CAS from that load, so of a chain push and a fill
+//!   of one key, the later one sees the other.
 //!
-//! The same deferral keeps the slot's key and value words fixed for as
+//! The deferral also keeps the slot's key and value words fixed for as
 //! long as any reader that saw the slot LIVE is pinned, so readers never
 //! write and never retry: load `ctl`, compare the key, read the value.
+//!
+//! Readers that load a later value of `ctl` than the CAS that made the slot
+//! LIVE (after a chain push, say) still see its words because every write
+//! to `ctl` is a read-modify-write, which continues the release sequence: a
+//! plain `store` to `ctl` anywhere would break that.
+//!
+//! A DEAD slot waits in its remover's epoch bag until the collector runs
+//! it (a bag holds up to 64 deferred calls; a long-pinned thread delays
+//! all of them); meanwhile inserts into that bucket use the chain, which
+//! costs a pointer, never correctness.
 
 use crossbeam_epoch::{Atomic, Guard, Owned};
 
@@ -68,7 +89,8 @@ pub(super) enum Removed {
     /// From the inline slot, which is now DEAD: the caller must defer
     /// [`Bucket::reclaim`] on the epoch collector.
     Inline(PageHandle),
-    /// From the chain (the node is already deferred).
+    /// From the chain: the node is marked, and unlinked and deferred either
+    /// now or by a later traversal that passes it.
     Chained(PageHandle),
 }
 

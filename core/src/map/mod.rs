@@ -42,7 +42,8 @@ use crate::sync::Arc;
 /// A fixed-size, lock-free map from slice keys to page handles.
 pub struct SliceMap {
     /// Shared with the closures that reclaim inline slots, which the
-    /// collector may run after the map is gone.
+    /// collector may run after the map is gone: the table is freed with the
+    /// last of them (on the default collector, that can be much later).
     table: Arc<Table>,
     collector: Collector,
 }
