@@ -9,6 +9,7 @@ hits. Plain LRU here reproduces `kvslice replay --policy lru` to four digits.
     python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl lru
     python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl ghost --theta 0.05 0.35 0.5 1
     python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl lifetime
+    python3 benches/scripts/policy_sim.py benches/data/conversation_trace.jsonl lifetime --sub 1 2 4 8 --shrink 0.8 0.95
 
 Policies (see docs/EVICTION.md, "Chain admission"):
   lru       exact LRU over leaves
@@ -242,14 +243,16 @@ class Lifetime(ChainAdmission):
     lifetime maximising F(L)/L for the CDF F of observed return gaps (hits
     per slot-insertion of a randomly kept chain)."""
 
-    def __init__(self, cap, period=2048, floor=0.0):
+    def __init__(self, cap, period=2048, floor=0.0, sub=1, shrink=0.8):
         super().__init__(cap, 1.0, floor)
         self.period, self.next = period, period
+        # `sub` histogram bins per octave of gap; `shrink` theta's step down.
+        self.sub, self.shrink = sub, shrink
         self.hist = collections.Counter()
         self.ages = []
 
     def on_return(self, gap, hit):
-        self.hist[max(1, gap).bit_length()] += 1
+        self.hist[math.floor(math.log2(max(1, gap)) * self.sub) + 1] += 1
 
     def on_main_eviction(self, age):
         self.ages.append(age)
@@ -261,9 +264,9 @@ class Lifetime(ChainAdmission):
         best, arg, cum = -1.0, None, 0
         for b in sorted(self.hist):
             cum += self.hist[b]
-            v = cum / 2**b
+            v = cum / 2 ** (b / self.sub)
             if v > best:
-                best, arg = v, 2**b
+                best, arg = v, 2 ** (b / self.sub)
         return arg
 
     def tick(self):
@@ -274,7 +277,7 @@ class Lifetime(ChainAdmission):
         if target is None:
             return
         life = sum(self.ages) / len(self.ages) if self.ages else math.inf
-        self.set_theta(max(0.01, min(1.0, self.theta * (0.8 if life < target else 1.25))))
+        self.set_theta(max(0.01, min(1.0, self.theta * (self.shrink if life < target else 1.25))))
         self.ages = []
 
 
@@ -338,12 +341,19 @@ def main():
     ap.add_argument("--theta", type=float, nargs="+", default=[0.05, 0.2, 0.35, 0.5, 0.75, 1.0])
     ap.add_argument("--horizon", type=int, nargs="+", default=[200, 300, 1000], help="oracle only")
     ap.add_argument("--floor", type=float, nargs="+", default=[0.0], help="probation floor, fraction of capacity (lifetime)")
+    ap.add_argument("--sub", type=int, nargs="+", default=[1], help="gap-histogram bins per octave (lifetime)")
+    ap.add_argument("--shrink", type=float, nargs="+", default=[0.8], help="theta's step down (lifetime; Rust ships 0.95)")
     a = ap.parse_args()
     reqs = load(a.trace)
     make = {
         "lru": [("lru", Lru)],
         "ghost": [(f"ghost theta={t}", lambda c, t=t: ChainAdmission(c, t)) for t in a.theta],
-        "lifetime": [(f"lifetime floor={f}", lambda c, f=f: Lifetime(c, floor=f)) for f in a.floor],
+        "lifetime": [
+            (f"lifetime floor={f} sub={b} shrink={h}", lambda c, f=f, b=b, h=h: Lifetime(c, floor=f, sub=b, shrink=h))
+            for f in a.floor
+            for b in a.sub
+            for h in a.shrink
+        ],
         "duel": [("duel", Duel)],
         "oracle": [
             (f"oracle horizon={h}", lambda c, h=h: KeptSetOracle(c, reqs, h)) for h in a.horizon
