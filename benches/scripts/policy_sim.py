@@ -243,11 +243,14 @@ class Lifetime(ChainAdmission):
     lifetime maximising F(L)/L for the CDF F of observed return gaps (hits
     per slot-insertion of a randomly kept chain)."""
 
-    def __init__(self, cap, period=2048, floor=0.0, sub=1, shrink=0.8):
+    def __init__(self, cap, period=2048, floor=0.0, sub=1, shrink=0.8, deadband=None):
         super().__init__(cap, 1.0, floor)
         self.period, self.next = period, period
-        # `sub` histogram bins per octave of gap; `shrink` theta's step down.
-        self.sub, self.shrink = sub, shrink
+        # `sub` histogram bins per octave of gap; `shrink` theta's step down;
+        # `deadband` eps: no shrink while main's lifetime already gets at
+        # least (1 - eps) of the best F(L)/L (None: always compare with L*).
+        self.sub, self.shrink, self.deadband = sub, shrink, deadband
+        self.best = 0.0
         self.hist = collections.Counter()
         self.ages = []
 
@@ -267,7 +270,13 @@ class Lifetime(ChainAdmission):
             v = cum / 2 ** (b / self.sub)
             if v > best:
                 best, arg = v, 2 ** (b / self.sub)
+        self.best = best
         return arg
+
+    def value(self, life):
+        """F(life)/life from the histogram (life's whole bin counted)."""
+        b = math.floor(math.log2(max(1, life)) * self.sub) + 1
+        return sum(c for k, c in self.hist.items() if k <= b) / max(1.0, life)
 
     def tick(self):
         if self.t < self.next:
@@ -277,6 +286,13 @@ class Lifetime(ChainAdmission):
         if target is None:
             return
         life = sum(self.ages) / len(self.ages) if self.ages else math.inf
+        if (
+            self.deadband is not None
+            and life < target
+            and self.value(life) >= (1 - self.deadband) * self.best
+        ):
+            self.ages = []
+            return
         self.set_theta(max(0.01, min(1.0, self.theta * (self.shrink if life < target else 1.25))))
         self.ages = []
 
@@ -343,16 +359,21 @@ def main():
     ap.add_argument("--floor", type=float, nargs="+", default=[0.0], help="probation floor, fraction of capacity (lifetime)")
     ap.add_argument("--sub", type=int, nargs="+", default=[1], help="gap-histogram bins per octave (lifetime)")
     ap.add_argument("--shrink", type=float, nargs="+", default=[0.8], help="theta's step down (lifetime; Rust ships 0.95)")
+    ap.add_argument("--deadband", type=float, nargs="+", default=[None], help="no shrink within this fraction of the best F(L)/L (lifetime)")
     a = ap.parse_args()
     reqs = load(a.trace)
     make = {
         "lru": [("lru", Lru)],
         "ghost": [(f"ghost theta={t}", lambda c, t=t: ChainAdmission(c, t)) for t in a.theta],
         "lifetime": [
-            (f"lifetime floor={f} sub={b} shrink={h}", lambda c, f=f, b=b, h=h: Lifetime(c, floor=f, sub=b, shrink=h))
+            (
+                f"lifetime floor={f} sub={b} shrink={h} deadband={d}",
+                lambda c, f=f, b=b, h=h, d=d: Lifetime(c, floor=f, sub=b, shrink=h, deadband=d),
+            )
             for f in a.floor
             for b in a.sub
             for h in a.shrink
+            for d in a.deadband
         ],
         "duel": [("duel", Duel)],
         "oracle": [
