@@ -62,27 +62,7 @@ const LIVE: usize = 2;
 const DEAD: usize = 3;
 
 /// A key as the four words the inline slot stores.
-pub(super) type KeyWords = [u64; 4];
-
-#[inline]
-pub(super) fn key_words(key: &SliceKey) -> KeyWords {
-    [
-        key.block.0 as u64,
-        (key.block.0 >> 64) as u64,
-        u64::from(key.block_index) | u64::from(key.layer_group) << 32,
-        u64::from(key.head_shard),
-    ]
-}
-
-#[inline]
-fn pack(h: PageHandle) -> u64 {
-    u64::from(h.id().0) << 32 | u64::from(h.generation())
-}
-
-#[inline]
-fn unpack(w: u64) -> PageHandle {
-    PageHandle::from_parts((w >> 32) as u32, w as u32)
-}
+type KeyWords = [u64; 4];
 
 /// What a removal took out, and from where.
 pub(super) enum Removed {
@@ -124,10 +104,10 @@ impl Bucket {
     }
 
     #[inline]
-    pub(super) fn get(&self, key: &SliceKey, w: &KeyWords, guard: &Guard) -> Option<PageHandle> {
+    pub(super) fn get(&self, key: &SliceKey, guard: &Guard) -> Option<PageHandle> {
         let c = self.ctl.load(Acquire, guard);
-        if c.tag() == LIVE && self.holds(w) {
-            return Some(unpack(self.value.load(Relaxed)));
+        if c.tag() == LIVE && self.holds(&key.to_words()) {
+            return Some(PageHandle::from_bits(self.value.load(Relaxed)));
         }
         list::get(c, key, guard)
     }
@@ -135,15 +115,15 @@ impl Bucket {
     pub(super) fn insert(
         &self,
         key: SliceKey,
-        w: &KeyWords,
         value: PageHandle,
         guard: &Guard,
     ) -> Option<PageHandle> {
+        let w = key.to_words();
         let mut spare: Option<Owned<Node>> = None;
         loop {
             let c = self.ctl.load(Acquire, guard);
-            if c.tag() == LIVE && self.holds(w) {
-                return Some(unpack(self.value.load(Relaxed)));
+            if c.tag() == LIVE && self.holds(&w) {
+                return Some(PageHandle::from_bits(self.value.load(Relaxed)));
             }
             let at = list::find(&self.ctl, &key, guard);
             // SAFETY: `at.curr` came from this bucket's chain under `guard`.
@@ -158,7 +138,7 @@ impl Bucket {
                     .compare_exchange(c, c.with_tag(WRITING), AcqRel, Acquire, guard)
                     .is_ok()
                 {
-                    return self.fill(&key, w, value, guard);
+                    return self.fill(&key, &w, value, guard);
                 }
                 continue;
             }
@@ -189,7 +169,7 @@ impl Bucket {
         for (slot, &word) in self.key.iter().zip(w) {
             slot.store(word, Relaxed);
         }
-        self.value.store(pack(value), Relaxed);
+        self.value.store(value.to_bits(), Relaxed);
         loop {
             // Only this thread moves the slot out of WRITING; others can
             // only change the chain pointer, which fails the CAS below.
@@ -232,14 +212,14 @@ impl Bucket {
     pub(super) fn remove(
         &self,
         key: &SliceKey,
-        w: &KeyWords,
         expected: Option<PageHandle>,
         guard: &Guard,
     ) -> Option<Removed> {
+        let w = key.to_words();
         loop {
             let c = self.ctl.load(Acquire, guard);
-            if c.tag() == LIVE && self.holds(w) {
-                let value = unpack(self.value.load(Relaxed));
+            if c.tag() == LIVE && self.holds(&w) {
+                let value = PageHandle::from_bits(self.value.load(Relaxed));
                 if expected.is_some_and(|e| e != value) {
                     return None;
                 }

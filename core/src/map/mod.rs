@@ -33,7 +33,7 @@ use alloc::vec::Vec;
 
 use crossbeam_epoch::{Collector, Guard};
 
-use self::bucket::{Bucket, Removed, key_words};
+use self::bucket::{Bucket, Removed};
 use crate::error::{Error, Result};
 use crate::key::SliceKey;
 use crate::pool::PageHandle;
@@ -134,7 +134,7 @@ impl SliceMap {
     #[inline]
     pub fn get(&self, key: &SliceKey, guard: &Guard) -> Result<Option<PageHandle>> {
         let i = self.index(key, guard)?;
-        Ok(self.table.buckets[i].get(key, &key_words(key), guard))
+        Ok(self.table.buckets[i].get(key, guard))
     }
 
     /// Stores `key → value` unless `key` is present; returns the present
@@ -146,7 +146,7 @@ impl SliceMap {
         guard: &Guard,
     ) -> Result<Option<PageHandle>> {
         let i = self.index(&key, guard)?;
-        Ok(self.table.buckets[i].insert(key, &key_words(&key), value, guard))
+        Ok(self.table.buckets[i].insert(key, value, guard))
     }
 
     /// Removes `key`, returning its value.
@@ -166,19 +166,17 @@ impl SliceMap {
         guard: &Guard,
     ) -> Result<Option<PageHandle>> {
         let i = self.index(key, guard)?;
-        Ok(
-            match self.table.buckets[i].remove(key, &key_words(key), expected, guard) {
-                Some(Removed::Inline(value)) => {
-                    // The slot is reusable once no thread that may have seen
-                    // the entry is still pinned.
-                    let table = Arc::clone(&self.table);
-                    guard.defer(move || table.buckets[i].reclaim());
-                    Some(value)
-                }
-                Some(Removed::Chained(value)) => Some(value),
-                None => None,
-            },
-        )
+        Ok(match self.table.buckets[i].remove(key, expected, guard) {
+            Some(Removed::Inline(value)) => {
+                // The slot is reusable once no thread that may have seen
+                // the entry is still pinned.
+                let table = Arc::clone(&self.table);
+                guard.defer(move || table.buckets[i].reclaim());
+                Some(value)
+            }
+            Some(Removed::Chained(value)) => Some(value),
+            None => None,
+        })
     }
 
     /// Entries and the longest bucket chain (counting nodes not yet

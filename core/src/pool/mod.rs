@@ -64,6 +64,19 @@ impl PageHandle {
     pub fn from_parts(index: u32, generation: u32) -> Self {
         Self { index, generation }
     }
+
+    /// The handle as one word (generation high, index low), for structures
+    /// that store handles in atomics.
+    #[inline]
+    pub(crate) fn to_bits(self) -> u64 {
+        u64::from(self.generation) << 32 | u64::from(self.index)
+    }
+
+    /// The handle [`to_bits`](Self::to_bits) encoded.
+    #[inline]
+    pub(crate) fn from_bits(w: u64) -> Self {
+        Self::from_parts(w as u32, (w >> 32) as u32)
+    }
 }
 
 /// A snapshot of one page's state, for diagnostics and tests.

@@ -9,7 +9,7 @@
 //! cached, always by a thread that holds a reference to it, so an evictor
 //! (which needs zero references) sees their final values.
 
-use crate::key::{BlockHash, SliceKey};
+use crate::key::SliceKey;
 use crate::pool::PageHandle;
 use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 
@@ -62,36 +62,24 @@ impl PageMeta {
 
     /// Records a freshly filled page's identity (the caller owns it).
     pub(super) fn set(&self, key: &SliceKey, parent: Option<PageHandle>, valid_tokens: u32) {
-        self.key[0].store(key.block.0 as u64, Relaxed);
-        self.key[1].store((key.block.0 >> 64) as u64, Relaxed);
-        self.key[2].store(
-            u64::from(key.block_index) << 32 | u64::from(key.layer_group),
-            Relaxed,
-        );
-        self.key[3].store(u64::from(key.head_shard), Relaxed);
+        for (slot, word) in self.key.iter().zip(key.to_words()) {
+            slot.store(word, Relaxed);
+        }
         self.parent
-            .store(parent.map_or(NO_PARENT, pack_handle), Relaxed);
+            .store(parent.map_or(NO_PARENT, PageHandle::to_bits), Relaxed);
         self.children.store(0, Relaxed);
         self.valid_tokens.store(valid_tokens, Relaxed);
         self.priority.store(Priority::Normal as u8, Relaxed);
     }
 
     pub(super) fn key(&self) -> SliceKey {
-        let lo = u128::from(self.key[0].load(Relaxed));
-        let hi = u128::from(self.key[1].load(Relaxed));
-        let w2 = self.key[2].load(Relaxed);
-        SliceKey {
-            block: BlockHash(hi << 64 | lo),
-            block_index: (w2 >> 32) as u32,
-            layer_group: w2 as u32,
-            head_shard: self.key[3].load(Relaxed) as u32,
-        }
+        SliceKey::from_words(core::array::from_fn(|i| self.key[i].load(Relaxed)))
     }
 
     pub(super) fn parent(&self) -> Option<PageHandle> {
         match self.parent.load(Relaxed) {
             NO_PARENT => None,
-            w => Some(PageHandle::from_parts(w as u32, (w >> 32) as u32)),
+            w => Some(PageHandle::from_bits(w)),
         }
     }
 
@@ -106,8 +94,4 @@ impl PageMeta {
     pub(super) fn set_priority(&self, p: Priority) {
         self.priority.store(p as u8, Relaxed);
     }
-}
-
-fn pack_handle(h: PageHandle) -> u64 {
-    u64::from(h.generation()) << 32 | u64::from(h.id().0)
 }
