@@ -78,6 +78,24 @@ fn decode(c: &mut Criterion) {
                     .unwrap()
             })
         });
+        // The compute ceiling: the same work with every block table cycling
+        // over its sequence's first two pages (1 MiB in all, cache-resident).
+        let hot: Vec<Vec<PageId>> = tables
+            .iter()
+            .map(|t| (0..t.len()).map(|i| t[i % 2.min(t.len())]).collect())
+            .collect();
+        let hot_seqs = decode_seqs(&hot, ctx);
+        g.bench_function(BenchmarkId::new("kvslice_cpu_cached", ctx), |b| {
+            b.iter(|| {
+                engine
+                    .attend(
+                        &pages,
+                        &AttentionBatch::new(0, 0, &hot_seqs, &q, scale),
+                        &mut out,
+                    )
+                    .unwrap()
+            })
+        });
         // The same number of bytes, read as fast as the cores can.
         let all = pages.bytes();
         let span = &all[..(kv_bytes as usize).min(all.len())];
@@ -86,8 +104,58 @@ fn decode(c: &mut Criterion) {
         });
         #[cfg(feature = "candle")]
         candle_peer::bench(&mut g, ctx, &pages, &tables, &q, scale);
+        if interleaved_wanted() {
+            let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
+            interleaved(ctx, span, threads, || {
+                engine.attend(&pages, &batch, &mut out).unwrap();
+                black_box(&out);
+            });
+        }
     }
     g.finish();
+}
+
+/// Rounds of the interleaved decode-against-read-loop measurement.
+const INTERLEAVED_ROUNDS: usize = 21;
+
+/// Whether to run [`interleaved`]: with no bench filter, or one naming it
+/// (`cargo bench ... -- interleaved` runs only it, quickly).
+fn interleaved_wanted() -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| f.contains("interleaved") || f.contains("decode"))
+}
+
+/// Decode against the read loop with the two alternating, one step each
+/// per round, so that both see the same machine: on a shared VM whose
+/// bandwidth drifts by ±20% over a minute, separate runs a minute apart
+/// make the ratio meaningless. Prints the medians and their ratio.
+fn interleaved(ctx: usize, span: &[u8], threads: usize, mut step: impl FnMut()) {
+    let (mut dec, mut read) = (Vec::new(), Vec::new());
+    for _ in 0..INTERLEAVED_ROUNDS {
+        let t = std::time::Instant::now();
+        step();
+        dec.push(t.elapsed().as_secs_f64());
+        let t = std::time::Instant::now();
+        black_box(stream_read(span, threads));
+        read.push(t.elapsed().as_secs_f64());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let gib = |secs: f64| span.len() as f64 / secs / (1u64 << 30) as f64;
+    let (d, r) = (gib(median(&mut dec)), gib(median(&mut read)));
+    eprintln!(
+        "interleaved ctx {ctx}: decode {d:.2} GiB/s, read loop {r:.2} GiB/s, \
+         decode / read loop {:.0}% (medians of {INTERLEAVED_ROUNDS} alternating rounds)",
+        100.0 * d / r
+    );
 }
 
 #[cfg(feature = "candle")]
