@@ -9,19 +9,17 @@ use kvslice_core::{
     Result, write_kv,
 };
 
-use crate::kernels::Kernels;
-
-/// Bytes of the next page's K and of its V touched ahead of use: two lines
-/// are enough to start the L2 streamer on each (measured: 64 to 512 bytes
-/// all gave +10–15% at 8k and 32k tokens; bulk-prefetching whole regions
-/// stalls on the line-fill buffers instead).
-const STREAM_START_BYTES: usize = 128;
+use crate::kernels::{Kernels, StoredKernels};
 
 /// Paged attention on the CPU with SIMD kernels and threads.
 ///
-/// Per sequence and kv head it widens each page's K and V rows to f32 once
-/// and uses them for every query head of the GQA group and every query
-/// token, with an online (streaming) softmax. Long contexts are cut into
+/// Per sequence and kv head it reads each page's K and V rows once for
+/// every query head of the GQA group and every query token, with an online
+/// (streaming) softmax: decode (up to four query rows per kv head) converts
+/// the stored rows in registers ([`crate::StoredKernels`]), longer row
+/// sets widen them to f32 once per page. While a page is computed, the
+/// next page's K and V are prefetched, spread over the loops so that the
+/// line-fill buffers never all wait at once. Long contexts are cut into
 /// chunks of pages that threads compute independently; the partial
 /// `(max, sum, output)` triples are merged by log-sum-exp, as in vLLM's
 /// paged attention v2 and flash-decoding.
@@ -246,6 +244,7 @@ struct Scratch {
     k: Vec<f32>,
     v: Vec<f32>,
     scores: Vec<f32>,
+    rescale: Vec<f32>,
 }
 
 impl CpuEngine {
@@ -285,6 +284,7 @@ impl CpuEngine {
         scratch.k.resize(bt * hd, 0.0);
         scratch.v.resize(bt * hd, 0.0);
         scratch.scores.resize(rows * bt, 0.0);
+        scratch.rescale.resize(rows, 1.0);
         let mut pos = t.start;
         // Each page is looked up once: as the prefetch target, then used.
         let mut page = pages.page(seq.block_table[pos / bt])?;
@@ -294,14 +294,23 @@ impl CpuEngine {
             let upto = (t.end - block * bt).min(bt);
             let n = upto - from;
             let this = page;
-            // Touch the first lines of the next page's K and V so the L2
-            // streamer starts on them while this page is computed.
+            // The next page's K and V are prefetched while this page is
+            // computed, spread over the score and value loops.
+            let (mut k_ahead, mut v_ahead): (&[u8], &[u8]) = (&[], &[]);
             if (block + 1) * bt < t.end {
                 page = pages.page(seq.block_table[block + 1])?;
-                let ks = k_region.start * es;
-                let vs = v_region.start * es;
-                (k.prefetch)(&page[ks..(ks + STREAM_START_BYTES).min(page.len())]);
-                (k.prefetch)(&page[vs..(vs + STREAM_START_BYTES).min(page.len())]);
+                k_ahead = &page[k_region.start * es..k_region.end * es];
+                v_ahead = &page[v_region.start * es..v_region.end * es];
+                // And the first line of the page after, which starts the L2
+                // streamer there early (a small gain at 8k; docs/BENCHMARKS.md).
+                if (block + 2) * bt < t.end {
+                    let far = pages.page(seq.block_table[block + 2])?;
+                    let first_line = |r: &std::ops::Range<usize>| {
+                        r.start * es..(r.start * es + 64).min(r.end * es)
+                    };
+                    (k.prefetch)(&far[first_line(&k_region)]);
+                    (k.prefetch)(&far[first_line(&v_region)]);
+                }
             }
             // Causal, bottom-right aligned: token `tok` sees keys
             // 0..=kv_len - q_len + tok, so tokens before `first_tok` see
@@ -311,52 +320,125 @@ impl CpuEngine {
                 pos += n;
                 continue;
             }
-            // Widen this block's K and V once for the whole GQA group.
             let kb = &this[(k_region.start + from * hd) * es..(k_region.start + upto * hd) * es];
             let vb = &this[(v_region.start + from * hd) * es..(v_region.start + upto * hd) * es];
-            k.widen(dtype, kb, &mut scratch.k[..n * hd]);
-            k.widen(dtype, vb, &mut scratch.v[..n * hd]);
             let first = first_tok * ratio;
             let live = rows - first;
             let scores = &mut scratch.scores[..live * n];
-            (k.scores)(
-                &scratch.q[first * hd..],
-                live,
-                &scratch.k[..n * hd],
-                n,
-                scores,
-            );
-            for r in first..rows {
-                let s = &mut scores[(r - first) * n..(r - first + 1) * n];
-                let visible = (seq.kv_len - q_len + r / ratio + 1)
-                    .saturating_sub(pos)
-                    .min(n);
-                let block_max = s[..visible]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let max = part.max[r].max(block_max);
-                let rescale = (part.max[r] - max).exp();
-                if rescale != 1.0 {
-                    part.acc[r * hd..(r + 1) * hd]
-                        .iter_mut()
-                        .for_each(|x| *x *= rescale);
-                }
-                s[..visible].iter_mut().for_each(|x| *x -= max);
-                (k.exp)(&mut s[..visible]);
-                s[visible..].fill(0.0);
-                part.sum[r] = part.sum[r] * rescale + s[..visible].iter().sum::<f32>();
-                part.max[r] = max;
+            let q = &scratch.q[first * hd..];
+            // Up to one register group of rows (GQA decode) reads K and V
+            // as stored; more rows widen them once for all row groups.
+            let stored = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS);
+            if let Some(sk) = stored {
+                (sk.scores)(dtype, q, live, kb, n, scores, k_ahead);
+            } else {
+                k.widen(dtype, kb, &mut scratch.k[..n * hd]);
+                (k.scores)(q, live, &scratch.k[..n * hd], n, scores, k_ahead);
             }
-            (k.weighted_sum)(
-                scores,
-                live,
-                &scratch.v[..n * hd],
-                n,
-                &mut part.acc[first * hd..],
-            );
+            // Every row sees the whole block (decode; prefill away from the
+            // diagonal): one kernel call updates all rows' softmax state.
+            if visible_keys(seq.kv_len - q_len + first / ratio, pos, n) == n {
+                let rescale = &mut scratch.rescale[..live];
+                (k.softmax_rows)(
+                    scores,
+                    n,
+                    &mut part.max[first..],
+                    &mut part.sum[first..],
+                    rescale,
+                );
+                for (r, &c) in (first..rows).zip(rescale.iter()) {
+                    if c != 1.0 {
+                        part.acc[r * hd..(r + 1) * hd]
+                            .iter_mut()
+                            .for_each(|x| *x *= c);
+                    }
+                }
+            } else {
+                self.masked_softmax(&mut part, scores, first, |r| {
+                    visible_keys(seq.kv_len - q_len + r / ratio, pos, n)
+                });
+            }
+            let acc = &mut part.acc[first * hd..];
+            if let Some(sk) = stored {
+                (sk.weighted_sum)(dtype, scores, live, vb, n, acc, v_ahead);
+            } else {
+                k.widen(dtype, vb, &mut scratch.v[..n * hd]);
+                (k.weighted_sum)(scores, live, &scratch.v[..n * hd], n, acc, v_ahead);
+            }
             pos += n;
         }
         Ok(part)
     }
+
+    /// The softmax step of a block on the causal diagonal, where row `r`
+    /// (from `first`) sees only the first `visible(r)` of the block's `n`
+    /// scores; the rest get weight 0.
+    fn masked_softmax(
+        &self,
+        part: &mut Partials,
+        scores: &mut [f32],
+        first: usize,
+        visible: impl Fn(usize) -> usize,
+    ) {
+        let rows = part.max.len();
+        let n = scores.len() / (rows - first);
+        let hd = part.acc.len() / rows;
+        for r in first..rows {
+            let s = &mut scores[(r - first) * n..(r - first + 1) * n];
+            let visible = visible(r);
+            let old = part.max[r];
+            let max = old.max(lanes_max(&s[..visible]));
+            if max > old {
+                let rescale = (old - max).exp();
+                part.acc[r * hd..(r + 1) * hd]
+                    .iter_mut()
+                    .for_each(|x| *x *= rescale);
+                part.sum[r] *= rescale;
+                part.max[r] = max;
+            }
+            s[..visible].iter_mut().for_each(|x| *x -= max);
+        }
+        // One call for the whole block, so the exponentials of all rows are
+        // independent work for the pipeline.
+        (self.kernels.exp)(scores);
+        for r in first..rows {
+            let s = &mut scores[(r - first) * n..(r - first + 1) * n];
+            s[visible(r)..].fill(0.0);
+            part.sum[r] += lanes_sum(s);
+        }
+    }
+}
+
+/// Keys of a block (starting at position `pos`, `n` long) that a query at
+/// position `q_pos` sees under the causal mask.
+fn visible_keys(q_pos: usize, pos: usize, n: usize) -> usize {
+    (q_pos + 1).saturating_sub(pos).min(n)
+}
+
+/// The largest element (−∞ for none), in eight independent lanes so the
+/// compiler can vectorise it. Ignores NaN like `f32::max`; a NaN score
+/// still reaches the output through the exponentials and the sum.
+fn lanes_max(xs: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail = chunks.remainder().iter().copied();
+    for c in chunks {
+        for (m, x) in m.iter_mut().zip(c) {
+            *m = m.max(*x);
+        }
+    }
+    m.into_iter().chain(tail).fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The sum, in eight independent lanes (see [`lanes_max`]).
+fn lanes_sum(xs: &[f32]) -> f32 {
+    let mut s = [0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (s, x) in s.iter_mut().zip(c) {
+            *s += x;
+        }
+    }
+    s.iter().sum::<f32>() + tail
 }

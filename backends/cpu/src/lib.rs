@@ -2,9 +2,11 @@
 //!
 //! [`CpuEngine`] implements [`kvslice_core::AttentionEngine`] for any
 //! [`kvslice_core::PageMemoryMut`]: decode and causal prefill over block
-//! tables, GQA, K/V stored as f32, f16 or bf16 and widened on load, f32
+//! tables, GQA, K/V stored as f32, f16 or bf16 and converted on load (in
+//! registers for decode, through a widening pass for prefill), f32
 //! accumulation with an online softmax, and split-K across threads for long
-//! contexts. The inner loops are chosen at run time ([`Kernels::detect`]):
+//! contexts. The next page's K and V are prefetched while a page is
+//! computed. The inner loops are chosen at run time ([`Kernels::detect`]):
 //! AVX2 + FMA + F16C on x86-64, NEON on aarch64 (tested under qemu in CI),
 //! else a portable scalar version. Every input check runs before any
 //! compute (`AttentionBatch::validate`).
@@ -21,4 +23,4 @@ pub mod fuzzing;
 mod kernels;
 
 pub use engine::CpuEngine;
-pub use kernels::Kernels;
+pub use kernels::{Kernels, StoredKernels};

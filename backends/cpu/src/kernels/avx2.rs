@@ -3,7 +3,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Kernels, scalar};
+use kvslice_core::KvDtype;
+
+use super::{Kernels, StoredKernels, scalar};
 
 /// The AVX2 table, if the CPU has AVX2, FMA and F16C.
 pub(super) fn kernels() -> Option<Kernels> {
@@ -18,8 +20,13 @@ pub(super) fn kernels() -> Option<Kernels> {
         dot,
         axpy,
         exp,
+        softmax_rows,
         scores,
         weighted_sum,
+        stored: Some(StoredKernels {
+            scores: scores_stored,
+            weighted_sum: weighted_sum_stored,
+        }),
         prefetch,
     })
 }
@@ -29,11 +36,36 @@ pub(super) fn kernels() -> Option<Kernels> {
 // invariant every `SAFETY` comment here relies on.
 
 fn prefetch(bytes: &[u8]) {
-    for line in bytes.chunks(64) {
-        // SAFETY: a prefetch is a hint with no architectural effect; it
-        // never faults, and the address is inside `bytes` anyway. SSE is
-        // part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    bytes.chunks(64).for_each(prefetch_line);
+}
+
+fn prefetch_line(line: &[u8]) {
+    // SAFETY: a prefetch is a hint with no architectural effect; it never
+    // faults, and the address is inside `line` anyway. SSE is part of
+    // x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+}
+
+/// The cache lines of `ahead`, prefetched in `steps` bursts of equal size
+/// spread over a kernel's loop, so that the next page arrives while this
+/// one is computed without filling every line-fill buffer at once.
+struct Ahead<'a> {
+    lines: std::slice::Chunks<'a, u8>,
+    per_step: usize,
+}
+
+impl<'a> Ahead<'a> {
+    fn new(ahead: &'a [u8], steps: usize) -> Self {
+        let lines = ahead.chunks(64);
+        let per_step = lines.len().div_ceil(steps.max(1));
+        Self { lines, per_step }
+    }
+
+    fn step(&mut self) {
+        self.lines
+            .by_ref()
+            .take(self.per_step)
+            .for_each(prefetch_line);
     }
 }
 
@@ -73,156 +105,440 @@ fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
     unsafe { axpy_avx2(acc.as_mut_ptr(), w, x.as_ptr(), n) }
 }
 
-fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
+fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], ahead: &[u8]) {
     let d = q.len() / rows.max(1);
     assert!(
         k.len() >= n * d && out.len() >= rows * n && q.len() >= rows * d,
         "scores: shapes"
     );
-    // SAFETY: the assert bounds every access made below; AVX2 and FMA are
-    // present.
-    unsafe { scores_avx2(q.as_ptr(), rows, k.as_ptr(), n, d, out.as_mut_ptr()) }
+    let ahead = Ahead::new(ahead, n.div_ceil(2));
+    // SAFETY: the assert bounds every access made below (`k` holds `n·d`
+    // f32); AVX2 and FMA are present.
+    unsafe {
+        scores_avx2::<F32>(
+            q.as_ptr(),
+            rows,
+            k.as_ptr().cast(),
+            n,
+            d,
+            out.as_mut_ptr(),
+            ahead,
+        )
+    }
 }
 
-fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]) {
+fn scores_stored(
+    dtype: KvDtype,
+    q: &[f32],
+    rows: usize,
+    k: &[u8],
+    n: usize,
+    out: &mut [f32],
+    ahead: &[u8],
+) {
+    let d = q.len() / rows.max(1);
+    assert!(
+        k.len() >= n * d * dtype.size_bytes() && out.len() >= rows * n && q.len() >= rows * d,
+        "scores: shapes"
+    );
+    let ahead = Ahead::new(ahead, n.div_ceil(2));
+    let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
+    // SAFETY: the assert bounds every access made below (`k` holds `n·d`
+    // elements of `dtype`); AVX2, FMA and F16C are present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => scores_avx2::<F32>(q, rows, k, n, d, out, ahead),
+            KvDtype::F16 => scores_avx2::<F16>(q, rows, k, n, d, out, ahead),
+            KvDtype::Bf16 => scores_avx2::<BF16>(q, rows, k, n, d, out, ahead),
+        }
+    }
+}
+
+fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], ahead: &[u8]) {
     let d = acc.len() / rows.max(1);
     assert!(
         p.len() >= rows * n && v.len() >= n * d && acc.len() >= rows * d,
         "weighted_sum: shapes"
     );
-    // SAFETY: the assert bounds every access made below; AVX2 and FMA are
-    // present.
-    unsafe { weighted_sum_avx2(p.as_ptr(), rows, v.as_ptr(), n, d, acc.as_mut_ptr()) }
+    let ahead = Ahead::new(ahead, d.div_ceil(16));
+    // SAFETY: the assert bounds every access made below (`v` holds `n·d`
+    // f32); AVX2 and FMA are present.
+    unsafe {
+        weighted_sum_avx2::<F32>(
+            p.as_ptr(),
+            rows,
+            v.as_ptr().cast(),
+            n,
+            d,
+            acc.as_mut_ptr(),
+            ahead,
+        )
+    }
 }
 
-/// Horizontal sum of eight lanes.
+fn weighted_sum_stored(
+    dtype: KvDtype,
+    p: &[f32],
+    rows: usize,
+    v: &[u8],
+    n: usize,
+    acc: &mut [f32],
+    ahead: &[u8],
+) {
+    let d = acc.len() / rows.max(1);
+    assert!(
+        p.len() >= rows * n && v.len() >= n * d * dtype.size_bytes() && acc.len() >= rows * d,
+        "weighted_sum: shapes"
+    );
+    let ahead = Ahead::new(ahead, d.div_ceil(16));
+    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: the assert bounds every access made below (`v` holds `n·d`
+    // elements of `dtype`); AVX2, FMA and F16C are present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => weighted_sum_avx2::<F32>(p, rows, v, n, d, acc, ahead),
+            KvDtype::F16 => weighted_sum_avx2::<F16>(p, rows, v, n, d, acc, ahead),
+            KvDtype::Bf16 => weighted_sum_avx2::<BF16>(p, rows, v, n, d, acc, ahead),
+        }
+    }
+}
+
+/// Element encodings the score and value kernels read, as a const
+/// parameter so each instantiation has its own straight-line loads.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+
+/// Eight elements of encoding `E` at element index `i` of `p`, as f32.
+///
+/// # Safety
+/// `p` is valid for reads of elements `i..i + 8`; AVX2 and F16C are
+/// present.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load8<const E: u8>(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the contract above.
+    unsafe {
+        match E {
+            F32 => _mm256_loadu_ps(p.cast::<f32>().add(i)),
+            F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast())),
+            _ => _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i).cast())),
+                16,
+            )),
+        }
+    }
+}
+
+/// One element of encoding `E` at index `i` of `p`, as f32.
+///
+/// # Safety
+/// `p` is valid for reads of element `i`.
+unsafe fn load1<const E: u8>(p: *const u8, i: usize) -> f32 {
+    // SAFETY: the contract above; unaligned reads.
+    unsafe {
+        match E {
+            F32 => p.cast::<f32>().add(i).read_unaligned(),
+            F16 => {
+                kvslice_core::f16::from_bits(p.add(2 * i).cast::<u16>().read_unaligned()).to_f32()
+            }
+            _ => f32::from_bits(u32::from(p.add(2 * i).cast::<u16>().read_unaligned()) << 16),
+        }
+    }
+}
+
+/// Row sums of four accumulators: lane `i` of the result is the sum of
+/// `a[i]`'s eight lanes (three horizontal adds instead of four `hsum`s).
 #[target_feature(enable = "avx2")]
-fn hsum(s: __m256) -> f32 {
-    let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
+fn hsum4(a: [__m256; 4]) -> __m128 {
+    let u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1))
 }
 
 /// # Safety
-/// `q` is valid for `rows·d` reads, `k` for `n·d`, `out` for `rows·n`
-/// writes; AVX2 and FMA are present.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scores_avx2(
+/// `q` is valid for `rows·d` reads, `k` for `n·d` elements of encoding `E`,
+/// `out` for `rows·n` writes; AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_avx2<const E: u8>(
     q: *const f32,
     rows: usize,
-    k: *const f32,
+    k: *const u8,
     n: usize,
     d: usize,
     out: *mut f32,
+    mut ahead: Ahead<'_>,
 ) {
-    // SAFETY: every pointer offset below stays under `n·d` (keys), `rows·d`
-    // (queries) or `rows·n` (scores) by the loop bounds, as the contract
+    let mut r = 0;
+    while r < rows {
+        let g = (rows - r).min(4);
+        // SAFETY: rows `r..r + g` are within `rows`, so the group's query
+        // and score rows are in bounds by this function's contract.
+        unsafe {
+            let (q, out) = (q.add(r * d), out.add(r * n));
+            match g {
+                1 => scores_group::<1, E>(q, k, n, d, out, &mut ahead),
+                2 => scores_group::<2, E>(q, k, n, d, out, &mut ahead),
+                3 => scores_group::<3, E>(q, k, n, d, out, &mut ahead),
+                _ => scores_group::<4, E>(q, k, n, d, out, &mut ahead),
+            }
+        }
+        r += g;
+    }
+}
+
+/// Scores of `G` query rows (`G ≤ 4`, a constant so that the accumulators
+/// stay in registers) against `n` keys.
+///
+/// # Safety
+/// `q` is valid for `G·d` reads, `k` for `n·d` elements of encoding `E`,
+/// `out` for writes at `i·n + j` (`i < G`, `j < n`); AVX2, FMA and F16C are
+/// present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_group<const G: usize, const E: u8>(
+    q: *const f32,
+    k: *const u8,
+    n: usize,
+    d: usize,
+    out: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: every offset below stays under `n·d` (keys), `G·d` (queries)
+    // or `(G - 1)·n + n` (scores) by the loop bounds, as the contract
     // requires; AVX2 and FMA are present.
     unsafe {
         let lanes = d / 8 * 8;
-        // Dot product of query row `r` with key `j`, scalar tail included.
-        let finish = |sum: __m256, r: usize, j: usize| {
-            let mut t = hsum(sum);
+        let tail = |i: usize, j: usize| {
+            let mut t = 0f32;
             for e in lanes..d {
-                t += *q.add(r * d + e) * *k.add(j * d + e);
+                t += *q.add(i * d + e) * load1::<E>(k, j * d + e);
             }
-            *out.add(r * n + j) = t;
+            t
         };
-        let mut r = 0;
-        while r < rows {
-            // Up to four query rows share each key load, and two keys each
-            // query load: 8 accumulators, 6 loads per 8 FMAs.
-            let g = (rows - r).min(4);
-            let mut j = 0;
-            while j < n {
-                let two = j + 1 < n;
-                let (k0, k1) = (k.add(j * d), k.add((j + usize::from(two)) * d));
-                let mut a0 = [_mm256_setzero_ps(); 4];
-                let mut a1 = [_mm256_setzero_ps(); 4];
-                let mut c = 0;
-                while c < lanes {
-                    let (kv0, kv1) = (_mm256_loadu_ps(k0.add(c)), _mm256_loadu_ps(k1.add(c)));
-                    for i in 0..g {
-                        let qv = _mm256_loadu_ps(q.add((r + i) * d + c));
-                        a0[i] = _mm256_fmadd_ps(qv, kv0, a0[i]);
-                        a1[i] = _mm256_fmadd_ps(qv, kv1, a1[i]);
-                    }
-                    c += 8;
+        // Two keys at a time: 2·G accumulators, 2 + G loads per 2·G FMAs.
+        let mut j = 0;
+        while j < n {
+            ahead.step();
+            let two = j + 1 < n;
+            let (k0, k1) = (j * d, (j + usize::from(two)) * d);
+            let mut a0 = [_mm256_setzero_ps(); 4];
+            let mut a1 = [_mm256_setzero_ps(); 4];
+            let mut c = 0;
+            while c < lanes {
+                let (kv0, kv1) = (load8::<E>(k, k0 + c), load8::<E>(k, k1 + c));
+                for i in 0..G {
+                    let qv = _mm256_loadu_ps(q.add(i * d + c));
+                    a0[i] = _mm256_fmadd_ps(qv, kv0, a0[i]);
+                    a1[i] = _mm256_fmadd_ps(qv, kv1, a1[i]);
                 }
-                for i in 0..g {
-                    finish(a0[i], r + i, j);
-                    if two {
-                        finish(a1[i], r + i, j + 1);
-                    }
-                }
-                j += 2;
+                c += 8;
             }
-            r += g;
+            let (mut s0, mut s1) = ([0f32; 4], [0f32; 4]);
+            _mm_storeu_ps(s0.as_mut_ptr(), hsum4(a0));
+            _mm_storeu_ps(s1.as_mut_ptr(), hsum4(a1));
+            for i in 0..G {
+                *out.add(i * n + j) = s0[i] + tail(i, j);
+                if two {
+                    *out.add(i * n + j + 1) = s1[i] + tail(i, j + 1);
+                }
+            }
+            j += 2;
         }
     }
 }
 
 /// # Safety
-/// `p` is valid for `rows·n` reads, `v` for `n·d`, `acc` for `rows·d` reads
-/// and writes; AVX2 and FMA are present.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weighted_sum_avx2(
+/// `p` is valid for `rows·n` reads, `v` for `n·d` elements of encoding `E`,
+/// `acc` for `rows·d` reads and writes; AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted_sum_avx2<const E: u8>(
     p: *const f32,
     rows: usize,
-    v: *const f32,
+    v: *const u8,
     n: usize,
     d: usize,
     acc: *mut f32,
+    mut ahead: Ahead<'_>,
 ) {
-    // SAFETY: every pointer offset below stays under `rows·n` (weights),
-    // `n·d` (values) or `rows·d` (accumulators) by the loop bounds, as the
-    // contract requires; AVX2 and FMA are present.
+    let mut r = 0;
+    while r < rows {
+        let g = (rows - r).min(4);
+        // SAFETY: rows `r..r + g` are within `rows`, so the group's weights
+        // and accumulators are in bounds by this function's contract.
+        unsafe {
+            let (p, acc) = (p.add(r * n), acc.add(r * d));
+            match g {
+                1 => weighted_sum_group::<1, E>(p, v, n, d, acc, &mut ahead),
+                2 => weighted_sum_group::<2, E>(p, v, n, d, acc, &mut ahead),
+                3 => weighted_sum_group::<3, E>(p, v, n, d, acc, &mut ahead),
+                _ => weighted_sum_group::<4, E>(p, v, n, d, acc, &mut ahead),
+            }
+        }
+        r += g;
+    }
+}
+
+/// `acc[i] += Σ_j p[i·n + j] · v[j]` for `G` rows (`G ≤ 4`, a constant so
+/// that the accumulators stay in registers).
+///
+/// # Safety
+/// `p` is valid for `G·n` reads, `v` for `n·d` elements of encoding `E`,
+/// `acc` for `G·d` reads and writes; AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted_sum_group<const G: usize, const E: u8>(
+    p: *const f32,
+    v: *const u8,
+    n: usize,
+    d: usize,
+    acc: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: every offset below stays under `G·n` (weights), `n·d`
+    // (values) or `G·d` (accumulators) by the loop bounds, as the contract
+    // requires; AVX2 and FMA are present.
     unsafe {
         let lanes = d / 8 * 8;
-        let mut r = 0;
-        while r < rows {
-            let g = (rows - r).min(4);
-            let mut c = 0;
-            // Sixteen columns at a time: up to four rows × two vectors of
-            // accumulators stay in registers across all `n` keys.
-            while c < lanes {
-                let wide = c + 16 <= lanes;
-                let c1 = if wide { c + 8 } else { c };
-                let mut a0 = [_mm256_setzero_ps(); 4];
-                let mut a1 = [_mm256_setzero_ps(); 4];
-                for i in 0..g {
-                    a0[i] = _mm256_loadu_ps(acc.add((r + i) * d + c));
-                    a1[i] = _mm256_loadu_ps(acc.add((r + i) * d + c1));
-                }
-                for j in 0..n {
-                    let v0 = _mm256_loadu_ps(v.add(j * d + c));
-                    let v1 = _mm256_loadu_ps(v.add(j * d + c1));
-                    for i in 0..g {
-                        let w = _mm256_set1_ps(*p.add((r + i) * n + j));
-                        a0[i] = _mm256_fmadd_ps(w, v0, a0[i]);
-                        if wide {
-                            a1[i] = _mm256_fmadd_ps(w, v1, a1[i]);
-                        }
-                    }
-                }
-                for i in 0..g {
-                    _mm256_storeu_ps(acc.add((r + i) * d + c), a0[i]);
+        let mut c = 0;
+        // Sixteen columns at a time: G rows × two vectors of accumulators
+        // stay in registers across all `n` keys.
+        while c < lanes {
+            ahead.step();
+            let wide = c + 16 <= lanes;
+            let c1 = if wide { c + 8 } else { c };
+            let mut a0 = [_mm256_setzero_ps(); G];
+            let mut a1 = [_mm256_setzero_ps(); G];
+            for i in 0..G {
+                a0[i] = _mm256_loadu_ps(acc.add(i * d + c));
+                a1[i] = _mm256_loadu_ps(acc.add(i * d + c1));
+            }
+            for j in 0..n {
+                let v0 = load8::<E>(v, j * d + c);
+                let v1 = load8::<E>(v, j * d + c1);
+                for i in 0..G {
+                    let w = _mm256_broadcast_ss(&*p.add(i * n + j));
+                    a0[i] = _mm256_fmadd_ps(w, v0, a0[i]);
                     if wide {
-                        _mm256_storeu_ps(acc.add((r + i) * d + c1), a1[i]);
+                        a1[i] = _mm256_fmadd_ps(w, v1, a1[i]);
                     }
                 }
-                c += if wide { 16 } else { 8 };
             }
-            for i in 0..g {
-                for e in lanes..d {
-                    let mut t = 0f32;
-                    for j in 0..n {
-                        t += *p.add((r + i) * n + j) * *v.add(j * d + e);
-                    }
-                    *acc.add((r + i) * d + e) += t;
+            for i in 0..G {
+                _mm256_storeu_ps(acc.add(i * d + c), a0[i]);
+                if wide {
+                    _mm256_storeu_ps(acc.add(i * d + c1), a1[i]);
                 }
             }
-            r += g;
+            c += if wide { 16 } else { 8 };
+        }
+        for i in 0..G {
+            for e in lanes..d {
+                let mut t = 0f32;
+                for j in 0..n {
+                    t += *p.add(i * n + j) * load1::<E>(v, j * d + e);
+                }
+                *acc.add(i * d + e) += t;
+            }
+        }
+    }
+}
+
+fn softmax_rows(s: &mut [f32], n: usize, max: &mut [f32], sum: &mut [f32], rescale: &mut [f32]) {
+    let rows = max.len();
+    assert!(
+        s.len() >= rows * n && sum.len() >= rows && rescale.len() >= rows,
+        "softmax_rows: shapes"
+    );
+    // SAFETY: `s` holds `rows·n` elements, and `max`, `sum` and `rescale`
+    // `rows`, checked above; AVX2 and FMA are present.
+    unsafe {
+        softmax_rows_avx2(
+            s.as_mut_ptr(),
+            rows,
+            n,
+            max.as_mut_ptr(),
+            sum.as_mut_ptr(),
+            rescale.as_mut_ptr(),
+        )
+    };
+}
+
+/// Horizontal max and sum of eight lanes.
+#[target_feature(enable = "avx2")]
+fn hmax(v: __m256) -> f32 {
+    let q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)))
+}
+
+#[target_feature(enable = "avx2")]
+fn hadd(v: __m256) -> f32 {
+    let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
+}
+
+/// [`Kernels::softmax_rows`] in two passes over all rows (maxima, then
+/// exponentials and sums), so that the rows' dependency chains overlap.
+///
+/// # Safety
+/// `s` is valid for `rows·n` reads and writes, `max`, `sum` and `rescale`
+/// for `rows`; AVX2 and FMA are present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_rows_avx2(
+    s: *mut f32,
+    rows: usize,
+    n: usize,
+    max: *mut f32,
+    sum: *mut f32,
+    rescale: *mut f32,
+) {
+    let lanes = n / 8 * 8;
+    // SAFETY: every access is below `rows·n` (scores) or `rows` (state) by
+    // the loop bounds; a row's tail goes through a stack buffer padded with
+    // the row's max, whose padding lanes are not summed.
+    unsafe {
+        for r in 0..rows {
+            let row = s.add(r * n);
+            let mut vm = _mm256_set1_ps(*max.add(r));
+            let mut i = 0;
+            while i < lanes {
+                vm = _mm256_max_ps(vm, _mm256_loadu_ps(row.add(i)));
+                i += 8;
+            }
+            let mut m = hmax(vm);
+            for e in lanes..n {
+                m = m.max(*row.add(e));
+            }
+            let old = *max.add(r);
+            // The old max's weight under the new one, with the same
+            // polynomial as the scores (exactly 1 when the max held).
+            *rescale.add(r) = if m > old {
+                _mm256_cvtss_f32(exp8(_mm256_set1_ps(old - m)))
+            } else {
+                1.0
+            };
+            *max.add(r) = m;
+        }
+        for r in 0..rows {
+            let row = s.add(r * n);
+            let mv = _mm256_set1_ps(*max.add(r));
+            let mut vs = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < lanes {
+                let x = exp8(_mm256_sub_ps(_mm256_loadu_ps(row.add(i)), mv));
+                _mm256_storeu_ps(row.add(i), x);
+                vs = _mm256_add_ps(vs, x);
+                i += 8;
+            }
+            let mut total = hadd(vs);
+            if lanes < n {
+                let mut buf = [*max.add(r); 8];
+                std::ptr::copy_nonoverlapping(row.add(lanes), buf.as_mut_ptr(), n - lanes);
+                let x = exp8(_mm256_sub_ps(_mm256_loadu_ps(buf.as_ptr()), mv));
+                _mm256_storeu_ps(buf.as_mut_ptr(), x);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), row.add(lanes), n - lanes);
+                total += buf[..n - lanes].iter().sum::<f32>();
+            }
+            *sum.add(r) = *sum.add(r) * *rescale.add(r) + total;
         }
     }
 }

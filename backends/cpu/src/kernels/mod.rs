@@ -12,6 +12,17 @@ mod scalar;
 
 use kvslice_core::KvDtype;
 
+/// [`Kernels::softmax_rows`]: `(scores, n, max, sum, rescale)`.
+pub type SoftmaxRowsFn = fn(&mut [f32], usize, &mut [f32], &mut [f32], &mut [f32]);
+/// [`Kernels::scores`]: `(q, rows, k, n, out, ahead)`.
+pub type ScoresFn = fn(&[f32], usize, &[f32], usize, &mut [f32], &[u8]);
+/// [`Kernels::weighted_sum`]: `(p, rows, v, n, acc, ahead)`.
+pub type WeightedSumFn = fn(&[f32], usize, &[f32], usize, &mut [f32], &[u8]);
+/// [`StoredKernels::scores`]: `(dtype, q, rows, k, n, out, ahead)`.
+pub type StoredScoresFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
+/// [`StoredKernels::weighted_sum`]: `(dtype, p, rows, v, n, acc, ahead)`.
+pub type StoredWeightedSumFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
+
 /// Function table for one instruction set.
 #[derive(Clone, Copy)]
 pub struct Kernels {
@@ -26,17 +37,46 @@ pub struct Kernels {
     pub axpy: fn(&mut [f32], f32, &[f32]),
     /// `x[i] = e^x[i]` in place (relative error about 1e-7).
     pub exp: fn(&mut [f32]),
+    /// One block of an online softmax over `rows = max.len()` rows of `n`
+    /// scores (`s` is `rows × n`, every score visible): per row, the
+    /// running `max` grows to cover the row, the row becomes `e^(s − max)`,
+    /// `rescale` gets `e^(old max − max)` (1 when the max did not grow) and
+    /// `sum` becomes `sum · rescale + Σ row`. The caller rescales its
+    /// accumulators by `rescale`.
+    pub softmax_rows: SoftmaxRowsFn,
     /// Scores of `rows` queries against `n` keys: `out[r·n + j] =
     /// q[r]·k[j]`, with `q` `rows × d` and `k` `n × d` (`d = q.len() / rows`).
-    pub scores: fn(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]),
+    /// The last argument's cache lines are prefetched, spread over the loop
+    /// (the next page's K, so that it arrives while this page computes).
+    pub scores: ScoresFn,
     /// `acc[r] += Σ_j p[r·n + j] · v[j]` for `rows` accumulators of width `d`,
-    /// with `v` `n × d`.
-    pub weighted_sum: fn(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]),
+    /// with `v` `n × d`; prefetches `ahead` like `scores`.
+    pub weighted_sum: WeightedSumFn,
+    /// `scores` and `weighted_sum` reading K/V rows as stored, where the
+    /// ISA converts in registers (`None` elsewhere).
+    pub stored: Option<StoredKernels>,
     /// Asks for `bytes` to be brought into cache (a no-op where the ISA
     /// has no stable prefetch intrinsic). The engine touches the first
     /// lines of the next page's K and V so that the L2 streamer, which
     /// stops at every 4 KiB page, is already running when they are read.
     pub prefetch: fn(bytes: &[u8]),
+}
+
+/// Score and value kernels over K/V rows in their stored encoding: no
+/// widening pass, each element converted once in registers. The engine
+/// uses them when a block's query rows fit one register group of four (GQA
+/// decode), where each element is read once either way.
+#[derive(Clone, Copy)]
+pub struct StoredKernels {
+    /// [`Kernels::scores`] with `k` as `n·d` elements of `dtype`.
+    pub scores: StoredScoresFn,
+    /// [`Kernels::weighted_sum`] with `v` as `n·d` elements of `dtype`.
+    pub weighted_sum: StoredWeightedSumFn,
+}
+
+impl StoredKernels {
+    /// Query rows up to which the engine prefers these kernels.
+    pub const MAX_ROWS: usize = 4;
 }
 
 impl std::fmt::Debug for Kernels {
@@ -114,10 +154,10 @@ mod tests {
                     let q: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.7).sin()).collect();
                     let kk: Vec<f32> = (0..keys * n).map(|i| (i as f32 * 0.3).cos()).collect();
                     let mut s = vec![0f32; rows * keys];
-                    (k.scores)(&q, rows, &kk, keys, &mut s);
+                    (k.scores)(&q, rows, &kk, keys, &mut s, &[]);
                     let mut acc = vec![0.5f32; rows * n];
                     let mut want_acc = acc.clone();
-                    (k.weighted_sum)(&s, rows, &kk, keys, &mut acc);
+                    (k.weighted_sum)(&s, rows, &kk, keys, &mut acc, &[]);
                     for r in 0..rows {
                         for j in 0..keys {
                             let want = (Kernels::scalar().dot)(
@@ -157,6 +197,112 @@ mod tests {
                     let mut want = vec![0f32; n];
                     dtype.decode_row(&bytes, &mut want).unwrap();
                     assert_eq!(out, want, "{} widen {dtype:?} n={n}", k.name);
+                }
+            }
+        }
+    }
+
+    /// The stored-row kernels (where the ISA has them) against the f32
+    /// kernels on the same rows widened first, for every encoding, row
+    /// counts on both sides of a register group and widths with tails.
+    #[test]
+    fn stored_kernels_agree_with_widened_rows() {
+        let Some(sk) = Kernels::detect().stored else {
+            eprintln!("no stored-row kernels on this CPU: nothing to compare");
+            return;
+        };
+        let k = Kernels::detect();
+        for d in [1usize, 7, 8, 16, 20, 128] {
+            for n in [1usize, 2, 3, 16, 17] {
+                let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
+                let ahead = vec![0u8; 300];
+                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                    let mut bytes = vec![0u8; n * d * dtype.size_bytes()];
+                    dtype.encode_row(&vals, &mut bytes).unwrap();
+                    let mut wide = vec![0f32; n * d];
+                    k.widen(dtype, &bytes, &mut wide);
+                    for rows in [1usize, 3, 4, 5, 9] {
+                        let q: Vec<f32> = (0..rows * d).map(|i| (i as f32 * 0.7).cos()).collect();
+                        let (mut want, mut got) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                        (k.scores)(&q, rows, &wide, n, &mut want, &ahead);
+                        (sk.scores)(dtype, &q, rows, &bytes, n, &mut got, &ahead);
+                        let close = |a: &[f32], b: &[f32]| {
+                            a.iter()
+                                .zip(b)
+                                .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+                        };
+                        assert!(
+                            close(&got, &want),
+                            "scores {dtype:?} d={d} n={n} rows={rows}"
+                        );
+                        let (mut want_acc, mut acc) =
+                            (vec![0.25f32; rows * d], vec![0.25f32; rows * d]);
+                        (k.weighted_sum)(&want, rows, &wide, n, &mut want_acc, &ahead);
+                        (sk.weighted_sum)(dtype, &want, rows, &bytes, n, &mut acc, &ahead);
+                        assert!(
+                            close(&acc, &want_acc),
+                            "weighted_sum {dtype:?} d={d} n={n} rows={rows}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// One online-softmax block per kernel set against the definition, in
+    /// f64: rows whose max grows, holds, or starts from nothing, and widths
+    /// with tails.
+    #[test]
+    fn softmax_rows_follow_the_definition() {
+        for k in all() {
+            for n in [1usize, 5, 8, 16, 19] {
+                let rows = 3;
+                let s0: Vec<f32> = (0..rows * n)
+                    .map(|i| (i as f32 * 0.91).sin() * 4.0)
+                    .collect();
+                // Row 0 starts empty, row 1 below its new max, row 2 above.
+                let max0 = [f32::NEG_INFINITY, -1.0, 10.0];
+                let sum0 = [0.0f32, 2.5, 3.0];
+                let (mut s, mut max, mut sum, mut rescale) = (s0.clone(), max0, sum0, [0f32; 3]);
+                (k.softmax_rows)(&mut s, n, &mut max, &mut sum, &mut rescale);
+                for r in 0..rows {
+                    let row = &s0[r * n..(r + 1) * n];
+                    let m = row
+                        .iter()
+                        .map(|x| f64::from(*x))
+                        .fold(f64::from(max0[r]), f64::max);
+                    assert_eq!(f64::from(max[r]), m, "{} max n={n} r={r}", k.name);
+                    let c = (f64::from(max0[r]) - m).exp();
+                    assert!(
+                        (f64::from(rescale[r]) - c).abs() <= 1e-6 * c.max(1e-30),
+                        "{} rescale",
+                        k.name
+                    );
+                    if r == 2 {
+                        assert_eq!(
+                            rescale[r], 1.0,
+                            "{}: a max that holds rescales by exactly 1",
+                            k.name
+                        );
+                    }
+                    // f32 rounding of `x − max` (up to 2^-24·|x − max|)
+                    // is the tolerance of each weight.
+                    let mut total = f64::from(sum0[r]) * c;
+                    for (j, x) in row.iter().enumerate() {
+                        let e = (f64::from(*x) - m).exp();
+                        total += e;
+                        let got = f64::from(s[r * n + j]);
+                        assert!(
+                            (got - e).abs() <= 4e-6 * e + 1e-37,
+                            "{} weight n={n} r={r}",
+                            k.name
+                        );
+                    }
+                    assert!(
+                        (f64::from(sum[r]) - total).abs() <= 1e-6 * total,
+                        "{} sum n={n} r={r}",
+                        k.name
+                    );
                 }
             }
         }

@@ -16,8 +16,10 @@ pub(super) fn kernels() -> Option<Kernels> {
         dot,
         axpy,
         exp,
+        softmax_rows: scalar::softmax_rows,
         scores,
         weighted_sum,
+        stored: None,
         prefetch,
     })
 }
@@ -64,7 +66,7 @@ fn exp(xs: &mut [f32]) {
     unsafe { exp_neon(xs.as_mut_ptr(), n) }
 }
 
-fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
+fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], _ahead: &[u8]) {
     let d = q.len() / rows.max(1);
     assert!(
         k.len() >= n * d && out.len() >= rows * n && q.len() >= rows * d,
@@ -74,7 +76,7 @@ fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
     unsafe { scores_neon(q.as_ptr(), rows, k.as_ptr(), n, d, out.as_mut_ptr()) }
 }
 
-fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]) {
+fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], _ahead: &[u8]) {
     let d = acc.len() / rows.max(1);
     assert!(
         p.len() >= rows * n && v.len() >= n * d && acc.len() >= rows * d,

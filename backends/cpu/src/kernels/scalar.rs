@@ -13,8 +13,10 @@ pub(super) fn kernels() -> Kernels {
         dot,
         axpy,
         exp,
+        softmax_rows,
         scores,
         weighted_sum,
+        stored: None,
         prefetch,
     }
 }
@@ -64,7 +66,23 @@ fn exp(xs: &mut [f32]) {
     xs.iter_mut().for_each(|x| *x = x.exp());
 }
 
-fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
+pub(super) fn softmax_rows(
+    s: &mut [f32],
+    n: usize,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    for (r, row) in s.chunks_exact_mut(n.max(1)).take(max.len()).enumerate() {
+        let m = row.iter().copied().fold(max[r], f32::max);
+        rescale[r] = if m > max[r] { (max[r] - m).exp() } else { 1.0 };
+        row.iter_mut().for_each(|x| *x = (*x - m).exp());
+        sum[r] = sum[r] * rescale[r] + row.iter().sum::<f32>();
+        max[r] = m;
+    }
+}
+
+fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], _ahead: &[u8]) {
     let d = q.len() / rows.max(1);
     for r in 0..rows {
         for j in 0..n {
@@ -73,7 +91,7 @@ fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32]) {
     }
 }
 
-fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32]) {
+fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], _ahead: &[u8]) {
     let d = acc.len() / rows.max(1);
     for r in 0..rows {
         for j in 0..n {
