@@ -59,7 +59,8 @@ pub use coordinator::{BlockRef, Coordinator, Request, SlicePlan};
 pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, SeqAttention};
 pub use error::{DeviceFailure, Error, Result};
 pub use evict::{
-    ChainPolicy, ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, TinyLfuPolicy,
+    ChainPolicy, ClockPolicy, DensityPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent,
+    TinyLfuPolicy,
 };
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};

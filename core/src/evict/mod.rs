@@ -9,11 +9,13 @@
 //!
 //! Shipped policies: [`ClockPolicy`] (lock-free second chance, an LRU
 //! approximation), [`LruPolicy`] (exact LRU, serialised by a spin lock),
-//! [`TinyLfuPolicy`] (adaptive W-TinyLFU) and [`ChainPolicy`] (whole-chain
-//! admission steered by observed return gaps).
+//! [`TinyLfuPolicy`] (adaptive W-TinyLFU), [`ChainPolicy`] (whole-chain
+//! admission steered by observed return gaps) and [`DensityPolicy`] (leaves
+//! ranked by return density learned per conversation turn count).
 
 mod chain;
 mod clock;
+mod density;
 mod lru;
 mod segments;
 mod sketch;
@@ -21,6 +23,7 @@ mod tinylfu;
 
 pub use chain::ChainPolicy;
 pub use clock::ClockPolicy;
+pub use density::DensityPolicy;
 pub use lru::LruPolicy;
 pub use tinylfu::TinyLfuPolicy;
 

@@ -10,8 +10,9 @@ use hashbrown::{HashMap, HashSet};
 
 use super::small;
 use crate::{
-    BlockHash, CacheStore, ChainPolicy, ClockPolicy, Error, EvictionPolicy, KvDtype, KvLayout,
-    LayoutSpec, Life, LruPolicy, PageId, PagePool, PageRef, Priority, SliceKey, TinyLfuPolicy,
+    BlockHash, CacheStore, ChainPolicy, ClockPolicy, DensityPolicy, Error, EvictionPolicy, KvDtype,
+    KvLayout, LayoutSpec, Life, LruPolicy, PageId, PagePool, PageRef, Priority, SliceKey,
+    TinyLfuPolicy,
 };
 
 const BT: u32 = 4;
@@ -31,11 +32,12 @@ fn chain(root: u32, depth: u32) -> Vec<SliceKey> {
 pub fn cache_store(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let cap = small(&mut u, 1, 16);
-    match small(&mut u, 0, 3) {
+    match small(&mut u, 0, 4) {
         0 => run(&mut u, cap, LruPolicy::new(cap)),
         1 => run(&mut u, cap, ClockPolicy::new(cap)),
         2 => run(&mut u, cap, TinyLfuPolicy::new(cap)),
-        _ => run(&mut u, cap, ChainPolicy::new(cap)),
+        3 => run(&mut u, cap, ChainPolicy::new(cap)),
+        _ => run(&mut u, cap, DensityPolicy::new(cap)),
     }
 }
 

@@ -1,0 +1,522 @@
+//! Return density: evict the leaf expected to bring the fewest hits per
+//! slot and unit of time, learned per class from every observed reuse gap.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{EvictPass, EvictionPolicy, PageEvent};
+use crate::page::PageId;
+use crate::sync::SpinLock;
+
+/// Classes: how many turns the block's conversation has had (1 to 8+).
+const CLASSES: usize = 8;
+/// Age bins per octave; ages are in requests.
+const PER_OCTAVE: usize = 4;
+/// Ages up to 2^20 requests are told apart.
+const BINS: usize = PER_OCTAVE * 20 + 1;
+/// Requests between two recomputations of the density tables.
+const PERIOD: u64 = 500;
+/// Weight of the past at each recomputation.
+const DECAY: f64 = 0.9;
+/// Leaves sampled per eviction.
+const SAMPLE: usize = 64;
+/// Not in the leaf list.
+const UNLISTED: u32 = u32::MAX;
+
+/// Ranks leaves by *return density*: the hits per slot-request a block can
+/// still bring, given its class and age, under the best eviction horizon.
+///
+/// Under prefix lookup in multi-turn traffic a block's reuse is its
+/// conversation's next turn, usually many cache turnovers away, and the
+/// chance of a next turn grows with the turns already seen (0.31 after the
+/// first turn of the Mooncake conversation trace, 0.51 after the third,
+/// 0.67 after the sixth), while the gap to it barely does. So:
+///
+/// - A block's *class* is the number of turns its conversation has had:
+///   a request that hits blocks below the root continues that
+///   conversation (turns + 1); one that misses but whose first missing
+///   key a ghost remembers continues it too; anything else starts a new
+///   one. The request's blocks, hit or new, take the request's turn count.
+/// - Every reuse of a key is a sample, whether the block was still cached
+///   or not (a direct-mapped ghost keeps each key's last use and class):
+///   per class, a histogram of reuse gaps, and the count of uses that are
+///   never followed by a reuse. Learning from the ghost rather than from
+///   hits on what survived is what lets it find returns that come long
+///   after LRU would have evicted the block.
+/// - From those, for a block of class c at age a, the density is the best
+///   over horizons L > a of (returns between a and L) / (slot-time spent
+///   until the return or L), per block still at age a (LHD's hit density,
+///   with the horizon chosen rather than given by the current cache).
+///   Tables are recomputed every 500 requests, the past decayed by 0.9.
+/// - Eviction samples 64 leaves and offers them lowest density first
+///   (older first on ties); parents wait until they are leaves again.
+///
+/// Requests are told apart by their first block (block index 0), which
+/// every lookup starts with; with several threads interleaving requests
+/// the classes get noisier but eviction stays correct. All events take one
+/// spin lock.
+///
+/// On the Mooncake traces (see `docs/EVICTION.md`) it meets every margin of
+/// the trace issue against LRU.
+///
+/// ```
+/// use kvslice_core::{DensityPolicy, EvictionPolicy, PageEvent, PageId};
+///
+/// let policy = DensityPolicy::new(4);
+/// let ev = |p, depth| PageEvent { page: PageId(p), fingerprint: u64::from(p) * 0x9e37_79b9, block_index: depth };
+/// // A chain 0 → 1 → 2: only the leaf can go.
+/// policy.on_insert(ev(0, 0));
+/// policy.on_became_parent(ev(0, 0));
+/// policy.on_insert_child(ev(1, 1), PageId(0), true);
+/// policy.on_became_parent(ev(1, 1));
+/// policy.on_insert_child(ev(2, 2), PageId(1), true);
+/// assert_eq!(policy.evict_one(&mut |_, _| true), Some(PageId(2)));
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct DensityPolicy {
+    capacity: u32,
+    state: SpinLock<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Per page: tracked (inserted, not yet evicted).
+    live: Vec<bool>,
+    /// Per page: request clock at the last insert or hit.
+    last: Vec<u64>,
+    /// Per page: turns of its conversation (1 = first turn).
+    turns: Vec<u8>,
+    depth: Vec<u32>,
+    fingerprint: Vec<u64>,
+    /// Per page: index in `leaves`, or [`UNLISTED`].
+    leaf_at: Vec<u32>,
+    leaves: Vec<u32>,
+    /// Direct-mapped ghost of keys: fingerprint, request clock of the last
+    /// use (0 = empty) and turns then.
+    ghost_key: Vec<u64>,
+    ghost_time: Vec<u64>,
+    ghost_turns: Vec<u8>,
+    /// Requests seen (starts at 1).
+    clock: u64,
+    /// Turns of the current request's conversation so far (0: new).
+    current: u8,
+    /// Turns the ghost remembered for the last missed key.
+    missed: u8,
+    /// Pages the current request hit or inserted.
+    request: Vec<u32>,
+    /// Per class: reuse gaps by age bin, and uses started.
+    returns: [[f64; BINS]; CLASSES],
+    uses: [f64; CLASSES],
+    density: [[f64; BINS]; CLASSES],
+    /// Representative age of each bin.
+    age_of_bin: [f64; BINS],
+    next_update: u64,
+    rng: u64,
+}
+
+impl DensityPolicy {
+    /// A policy for pages `0..capacity`. Until its first tables (after 500
+    /// requests) it ranks by age alone, like LRU.
+    pub fn new(capacity: u32) -> Self {
+        let ghost = (8 * capacity as usize).max(1 << 16).next_power_of_two();
+        let n = capacity as usize;
+        let mut age_of_bin = [0.0; BINS];
+        for (b, x) in age_of_bin.iter_mut().enumerate() {
+            *x = libm::exp2(b as f64 / PER_OCTAVE as f64) - 1.0;
+        }
+        // Before anything is learned: younger is denser (LRU order).
+        let prior: [f64; BINS] = core::array::from_fn(|b| 1.0 / (b + 1) as f64);
+        Self {
+            capacity,
+            state: SpinLock::new(State {
+                live: vec![false; n],
+                last: vec![0; n],
+                turns: vec![1; n],
+                depth: vec![0; n],
+                fingerprint: vec![0; n],
+                leaf_at: vec![UNLISTED; n],
+                leaves: Vec::with_capacity(n),
+                ghost_key: vec![0; ghost],
+                ghost_time: vec![0; ghost],
+                ghost_turns: vec![0; ghost],
+                clock: 1,
+                current: 0,
+                missed: 0,
+                request: Vec::new(),
+                returns: [[0.0; BINS]; CLASSES],
+                uses: [0.0; CLASSES],
+                density: [prior; CLASSES],
+                age_of_bin,
+                next_update: 1 + PERIOD,
+                rng: 0x9e37_79b9_7f4a_7c15,
+            }),
+        }
+    }
+}
+
+/// `floor(log2(age + 1) · PER_OCTAVE)`, capped: integer octave, then the
+/// quarter-octave thresholds of that octave.
+fn bin(age: u64) -> usize {
+    let v = age.saturating_add(1);
+    let octave = (63 - v.leading_zeros()) as usize;
+    if octave * PER_OCTAVE >= BINS - 1 {
+        return BINS - 1;
+    }
+    let base = 1u64 << octave;
+    // v / 2^octave ≥ 2^(q/4) for q = 1, 2, 3, in 16.16 fixed point.
+    const STEPS: [u64; 3] = [77_936, 92_682, 110_218];
+    let frac = ((v - base) << 16) / base + (1 << 16);
+    octave * PER_OCTAVE + STEPS.iter().filter(|&&t| frac >= t).count()
+}
+
+fn class(turns: u8) -> usize {
+    usize::from(turns).clamp(1, CLASSES) - 1
+}
+
+impl State {
+    fn ghost_slot(&self, fingerprint: u64) -> usize {
+        (fingerprint.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize
+            & (self.ghost_key.len() - 1)
+    }
+
+    /// The ghost's `(last use, turns)` for a key, if it still knows it.
+    fn ghost(&self, fingerprint: u64) -> Option<(u64, u8)> {
+        let i = self.ghost_slot(fingerprint);
+        (self.ghost_key[i] == fingerprint && self.ghost_time[i] != 0)
+            .then(|| (self.ghost_time[i], self.ghost_turns[i]))
+    }
+
+    /// A use of a key: if it was used before, one reuse-gap sample for the
+    /// class it had then.
+    fn sample_reuse(&mut self, fingerprint: u64) {
+        if let Some((then, turns)) = self.ghost(fingerprint) {
+            self.returns[class(turns)][bin(self.clock.saturating_sub(then))] += 1.0;
+        }
+    }
+
+    /// A new request starts: the previous one's pages take its turn count
+    /// and start a new use each.
+    fn next_request(&mut self) {
+        let turns = self.current.saturating_add(1);
+        let request = core::mem::take(&mut self.request);
+        for &p in &request {
+            let i = p as usize;
+            if !self.live[i] {
+                continue;
+            }
+            self.turns[i] = self.turns[i].max(turns);
+            let slot = self.ghost_slot(self.fingerprint[i]);
+            self.ghost_key[slot] = self.fingerprint[i];
+            self.ghost_time[slot] = self.clock;
+            self.ghost_turns[slot] = self.turns[i];
+            self.uses[class(self.turns[i])] += 1.0;
+        }
+        self.request = request;
+        self.request.clear();
+        self.clock += 1;
+        self.current = 0;
+        self.missed = 0;
+        if self.clock >= self.next_update {
+            self.next_update = self.clock + PERIOD;
+            self.update_density();
+        }
+    }
+
+    /// Per class and age bin: the best hits per slot-request over eviction
+    /// horizons beyond that age. Uses that never saw a reuse count as
+    /// living past every horizon.
+    fn update_density(&mut self) {
+        let x = &self.age_of_bin;
+        for c in 0..CLASSES {
+            let h = &mut self.returns[c];
+            let returned: f64 = h.iter().sum();
+            let never = (self.uses[c] - returned).max(0.0);
+            let mut beyond = [0.0; BINS + 1];
+            for b in (0..BINS).rev() {
+                beyond[b] = beyond[b + 1] + h[b];
+            }
+            for i in 0..BINS {
+                let (mut hits, mut held, mut best) = (0.0, 0.0, 0.0f64);
+                for j in i..BINS {
+                    hits += h[j];
+                    held += h[j] * (x[j] - x[i]);
+                    if j > i {
+                        let cost = held + (beyond[j + 1] + never) * (x[j] - x[i]);
+                        if cost > 0.0 {
+                            best = best.max(hits / cost);
+                        }
+                    }
+                }
+                self.density[c][i] = best;
+            }
+            h.iter_mut().for_each(|v| *v *= DECAY);
+            self.uses[c] *= DECAY;
+        }
+    }
+
+    fn list(&mut self, p: u32) {
+        if self.leaf_at[p as usize] == UNLISTED {
+            self.leaf_at[p as usize] = self.leaves.len() as u32;
+            self.leaves.push(p);
+        }
+    }
+
+    fn unlist(&mut self, p: u32) {
+        let at = self.leaf_at[p as usize];
+        if at == UNLISTED {
+            return;
+        }
+        self.leaf_at[p as usize] = UNLISTED;
+        let last = self.leaves.pop().expect("a listed page is in the list");
+        if last != p {
+            self.leaves[at as usize] = last;
+            self.leaf_at[last as usize] = at;
+        }
+    }
+
+    fn insert(&mut self, event: PageEvent) {
+        if event.block_index == 0 {
+            // The miss that led here (of this very key) belongs to the new
+            // request.
+            let missed = self.missed;
+            self.next_request();
+            self.current = missed;
+        } else {
+            self.current = self.current.max(self.missed);
+        }
+        self.missed = 0;
+        self.sample_reuse(event.fingerprint);
+        let i = event.page.0 as usize;
+        self.live[i] = true;
+        self.last[i] = self.clock;
+        self.turns[i] = self.current.saturating_add(1);
+        self.depth[i] = event.block_index;
+        self.fingerprint[i] = event.fingerprint;
+        self.request.push(event.page.0);
+        self.list(event.page.0);
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Lower is evicted first: (density, last use), i.e. older on ties.
+    fn rank(&self, p: u32) -> (f64, u64, u32) {
+        let i = p as usize;
+        let age = self.clock.saturating_sub(self.last[i]);
+        (
+            self.density[class(self.turns[i])][bin(age)],
+            self.last[i],
+            p,
+        )
+    }
+
+    fn forget(&mut self, p: u32) {
+        self.unlist(p);
+        self.live[p as usize] = false;
+    }
+}
+
+impl EvictionPolicy for DensityPolicy {
+    fn name(&self) -> &'static str {
+        "density"
+    }
+
+    fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn on_insert(&self, event: PageEvent) {
+        if event.page.0 < self.capacity {
+            self.state.lock().insert(event);
+        }
+    }
+
+    fn on_access(&self, event: PageEvent) {
+        let p = event.page.0;
+        if p >= self.capacity {
+            return;
+        }
+        let mut s = self.state.lock();
+        if event.block_index == 0 {
+            s.next_request();
+        }
+        s.sample_reuse(event.fingerprint);
+        let i = p as usize;
+        if s.live[i] {
+            s.last[i] = s.clock;
+            if s.depth[i] > 0 {
+                s.current = s.current.max(s.turns[i]);
+            }
+            s.request.push(p);
+        }
+    }
+
+    fn on_miss(&self, fingerprint: u64) {
+        let mut s = self.state.lock();
+        if let Some((_, turns)) = s.ghost(fingerprint) {
+            s.missed = s.missed.max(turns);
+        }
+    }
+
+    fn on_became_parent(&self, event: PageEvent) {
+        if event.page.0 < self.capacity {
+            self.state.lock().unlist(event.page.0);
+        }
+    }
+
+    fn on_became_leaf(&self, event: PageEvent) {
+        let p = event.page.0;
+        if p < self.capacity {
+            let mut s = self.state.lock();
+            if s.live[p as usize] {
+                s.list(p);
+            }
+        }
+    }
+
+    fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId> {
+        let mut s = self.state.lock();
+        let mut sample: Vec<(f64, u64, u32)> = Vec::with_capacity(SAMPLE);
+        for pass in [EvictPass::Normal, EvictPass::IncludeHigh] {
+            // A few samples, best first; then, if every sampled leaf was
+            // refused (held by requests), every leaf.
+            for round in 0..4 {
+                sample.clear();
+                let n = s.leaves.len();
+                if n == 0 {
+                    return None;
+                }
+                if round < 3 && n > SAMPLE {
+                    for _ in 0..SAMPLE {
+                        let at = (s.random() % n as u64) as usize;
+                        sample.push(s.rank(s.leaves[at]));
+                    }
+                } else {
+                    sample.extend(s.leaves.iter().map(|&p| s.rank(p)));
+                }
+                let order = |a: &(f64, u64, u32), b: &(f64, u64, u32)| {
+                    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+                };
+                // Usually the best is accepted: offer it before sorting.
+                let best = sample.iter().copied().min_by(order).expect("sampled");
+                if try_evict(PageId(best.2), pass) {
+                    s.forget(best.2);
+                    return Some(PageId(best.2));
+                }
+                sample.sort_unstable_by(order);
+                sample.dedup_by_key(|r| r.2);
+                for &(_, _, p) in &sample {
+                    if p != best.2 && try_evict(PageId(p), pass) {
+                        s.forget(p);
+                        return Some(PageId(p));
+                    }
+                }
+                if round == 3 || n <= SAMPLE {
+                    break;
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(p: u32, depth: u32) -> PageEvent {
+        PageEvent {
+            page: PageId(p),
+            fingerprint: u64::from(p).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1,
+            block_index: depth,
+        }
+    }
+
+    #[test]
+    fn bins_are_quarter_octaves() {
+        for age in (0..5000u64).chain([1 << 19, (1 << 20) - 2, 1 << 20, u64::MAX]) {
+            let want = (libm::log2(age as f64 + 1.0) * PER_OCTAVE as f64) as usize;
+            assert_eq!(bin(age), want.min(BINS - 1), "age {age}");
+        }
+    }
+
+    /// Before anything is learned it evicts the oldest leaf.
+    #[test]
+    fn unlearned_it_evicts_the_oldest() {
+        let p = DensityPolicy::new(8);
+        // One request per page: each is a root (block index 0).
+        (0..8).for_each(|i| p.on_insert(ev(i, 0)));
+        p.on_access(ev(2, 0));
+        let order: Vec<u32> = core::iter::from_fn(|| p.evict_one(&mut |_, _| true))
+            .map(|id| id.0)
+            .collect();
+        assert_eq!(order, [0, 1, 3, 4, 5, 6, 7, 2]);
+    }
+
+    /// A request that hits below the root continues a conversation: its
+    /// pages, old and new, take one more turn.
+    #[test]
+    fn returning_conversations_gain_turns() {
+        let p = DensityPolicy::new(8);
+        p.on_insert(ev(0, 0));
+        p.on_became_parent(ev(0, 0));
+        p.on_insert_child(ev(1, 1), PageId(0), true);
+        // Second turn: hits 0 and 1, adds 2.
+        p.on_access(ev(0, 0));
+        p.on_access(ev(1, 1));
+        p.on_became_parent(ev(1, 1));
+        p.on_insert_child(ev(2, 2), PageId(1), true);
+        // A new conversation off the same root.
+        p.on_access(ev(0, 0));
+        p.on_insert_child(ev(3, 1), PageId(0), false);
+        let s = p.state.lock();
+        assert_eq!((s.turns[1], s.turns[2], s.turns[3]), (2, 2, 1));
+    }
+
+    /// Refused pages are skipped; with every leaf refused it gives up, and
+    /// parents are offered only once they are leaves again.
+    #[test]
+    fn refusals_and_parents() {
+        let p = DensityPolicy::new(200);
+        for i in 0..100 {
+            p.on_insert(ev(i, 0));
+        }
+        p.on_became_parent(ev(7, 0));
+        let mut offered = Vec::new();
+        assert_eq!(
+            p.evict_one(&mut |id, _| {
+                offered.push(id.0);
+                false
+            }),
+            None
+        );
+        assert!(!offered.contains(&7));
+        for i in 0..100 {
+            assert!(offered.contains(&i) || i == 7, "page {i} never offered");
+        }
+        assert_eq!(p.evict_one(&mut |id, _| id.0 == 42), Some(PageId(42)));
+        p.on_became_leaf(ev(7, 0));
+        assert_eq!(p.evict_one(&mut |id, _| id.0 == 7), Some(PageId(7)));
+    }
+
+    /// Learned from the ghost: a class whose keys come back after ~100
+    /// requests is kept at age 50 over a class whose keys never come back.
+    #[test]
+    fn classes_that_return_are_denser() {
+        let p = DensityPolicy::new(8);
+        let mut s = p.state.lock();
+        s.returns[1][bin(100)] = 500.0;
+        s.uses[1] = 1000.0;
+        s.uses[0] = 1000.0;
+        s.update_density();
+        assert!(s.density[1][bin(50)] > s.density[0][bin(50)]);
+        assert!(s.density[1][bin(50)] > 0.0);
+        assert_eq!(s.density[0][bin(50)], 0.0);
+    }
+}
