@@ -5,23 +5,25 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use kvslice_core::{
-    ChainPolicy, ClockPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent, PageId,
-    TinyLfuPolicy,
+    ChainPolicy, ClockPolicy, DensityPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent,
+    PageId, TinyLfuPolicy,
 };
 
 /// Every policy the binary can run. `default` is the store's default.
-pub const POLICIES: [&str; 6] = ["default", "lru", "clock", "tinylfu", "chain", "belady"];
+pub const POLICIES: [&str; 7] = [
+    "default", "lru", "clock", "tinylfu", "chain", "density", "belady",
+];
 
 /// An online policy by name (`belady` needs the future: see [`Belady`]).
 ///
-/// `default` is [`ChainPolicy`]: whole-chain admission steered by the
-/// observed return gaps, which starts as LRU and becomes selective only
-/// when kept chains die before they return (see docs/EVICTION.md for its
-/// margins against LRU, which it does not all meet).
+/// `default` is [`DensityPolicy`]: leaves ranked by the hits per slot-time
+/// they can still bring, learned per conversation turn count from every
+/// observed reuse (see docs/EVICTION.md for its margins against LRU).
 pub fn online(name: &str, capacity: u32) -> Option<Box<dyn EvictionPolicy>> {
     Some(match name {
         "lru" => Box::new(LruPolicy::new(capacity)),
-        "default" | "chain" => Box::new(ChainPolicy::new(capacity)),
+        "chain" => Box::new(ChainPolicy::new(capacity)),
+        "default" | "density" => Box::new(DensityPolicy::new(capacity)),
         "clock" => Box::new(ClockPolicy::new(capacity)),
         "tinylfu" => Box::new(TinyLfuPolicy::new(capacity)),
         _ => return None,
