@@ -20,11 +20,16 @@ Policies (see docs/EVICTION.md, "Chain admission"):
             LRU estimate from the ghost
   oracle    (offline) keeps exactly the blocks reused within --horizon
             requests, LRU among them: what better selection alone can give
+  density   leaves ranked by return density per conversation turn count,
+            learned from every reuse gap (DensityPolicy, the default)
+  turns     (not a policy) groups requests into conversations and prints
+            P(next turn | turns so far) and the gap to it
 """
 import argparse
 import collections
 import json
 import math
+import random
 
 
 def load(path):
@@ -349,10 +354,152 @@ class KeptSetOracle(ChainAdmission):
         (self.M if s else self.P)[k] = 1
 
 
+class Density:
+    """Return density, as `DensityPolicy` in core/src/evict/density.rs:
+    class = turns of the block's conversation (capped at `classes`), age =
+    requests since last use; per class, a histogram of every reuse gap
+    (from a ghost of each key's last use, here unbounded) and the count of
+    uses; density(class, age) = best over horizons L > age of returns in
+    (age, L] per slot-request spent until the return or L. Evicts the
+    lowest-density of `sample` random leaves (older on ties)."""
+
+    def __init__(self, cap, classes=8, per_octave=4, period=500, decay=0.9, sample=64, seed=1):
+        self.C, self.PO, self.period, self.decay, self.S = classes, per_octave, period, decay, sample
+        self.NB = 20 * per_octave + 1
+        self.x = [2 ** (b / per_octave) - 1 for b in range(self.NB)]
+        self.rng = random.Random(seed)
+        self.t = 0
+        self.last, self.turns, self.depth = {}, {}, {}
+        self.seen = {}  # key -> (time of last use, turns then)
+        self.leaves, self.pos = [], {}
+        self.R = [[0.0] * self.NB for _ in range(classes)]
+        self.N = [0.0] * classes
+        self.D = [[1.0 / (b + 1) for b in range(self.NB)] for _ in range(classes)]
+        self.cur, self.touched = 0, []
+
+    def cls(self, k):
+        return min(self.turns.get(k, 1), self.C) - 1
+
+    def bin(self, age):
+        return min(self.NB - 1, int(math.log2(age + 1) * self.PO))
+
+    def request(self):
+        tn = self.cur + 1
+        for k in self.touched:
+            if k in self.last:
+                self.turns[k] = max(self.turns.get(k, 1), tn)
+                self.seen[k] = (self.t, self.turns[k])
+                self.N[self.cls(k)] += 1
+        self.touched, self.cur = [], 0
+        self.t += 1
+        if self.t % self.period == 0:
+            self.recompute()
+
+    def recompute(self):
+        x = self.x
+        for c in range(self.C):
+            h = self.R[c]
+            never = max(0.0, self.N[c] - sum(h))
+            beyond = [0.0] * (self.NB + 1)
+            for b in range(self.NB - 1, -1, -1):
+                beyond[b] = beyond[b + 1] + h[b]
+            for i in range(self.NB):
+                best = hits = held = 0.0
+                for j in range(i, self.NB):
+                    hits += h[j]
+                    held += h[j] * (x[j] - x[i])
+                    cost = held + (beyond[j + 1] + never) * (x[j] - x[i])
+                    if j > i and cost > 0:
+                        best = max(best, hits / cost)
+                self.D[c][i] = best
+            self.R[c] = [v * self.decay for v in h]
+            self.N[c] *= self.decay
+
+    def reuse(self, k):
+        s = self.seen.get(k)
+        if s is not None:
+            self.R[min(s[1], self.C) - 1][self.bin(self.t - s[0])] += 1
+
+    def access(self, k):
+        self.reuse(k)
+        self.last[k] = self.t
+        if self.depth.get(k, 0) >= 1:
+            self.cur = max(self.cur, self.turns.get(k, 1))
+        self.touched.append(k)
+
+    def miss(self, k):
+        s = self.seen.get(k)
+        if s is not None:
+            self.cur = max(self.cur, s[1])
+
+    def insert(self, k, parent, d, cont):
+        self.reuse(k)
+        self.last[k], self.depth[k], self.turns[k] = self.t, d, self.cur + 1
+        self.touched.append(k)
+        self.pos[k] = len(self.leaves)
+        self.leaves.append(k)
+
+    def unlist(self, k):
+        i = self.pos.pop(k)
+        last = self.leaves.pop()
+        if i < len(self.leaves):
+            self.leaves[i], self.pos[last] = last, i
+
+    def became_parent(self, k):
+        if k in self.pos:
+            self.unlist(k)
+
+    def became_leaf(self, k):
+        if k not in self.pos:
+            self.pos[k] = len(self.leaves)
+            self.leaves.append(k)
+
+    def evict(self, ok):
+        n = len(self.leaves)
+        cands = self.leaves if n <= self.S else [self.leaves[self.rng.randrange(n)] for _ in range(self.S)]
+        best = None
+        for k in cands:
+            if ok(k):
+                r = (self.D[self.cls(k)][self.bin(self.t - self.last[k])], self.last[k])
+                if best is None or r < best[0]:
+                    best = (r, k)
+        if best is None:
+            best = next(((None, k) for k in self.leaves if ok(k)), None)
+            if best is None:
+                return None
+        k = best[1]
+        self.unlist(k)
+        del self.last[k]
+        self.depth.pop(k, None)
+        self.turns.pop(k, None)
+        return k
+
+
+def turns(reqs):
+    """A request that shares more than the root with an earlier request
+    continues that request's conversation (the rule DensityPolicy uses)."""
+    owner, conv, times = {}, [], collections.defaultdict(list)
+    for i, ids in enumerate(reqs):
+        d = 0
+        while d < len(ids) and ids[d] in owner:
+            d += 1
+        c = conv[owner[ids[d - 1]]] if d >= 2 else len(times)
+        conv.append(c)
+        times[c].append(i)
+        for b in ids:
+            owner[b] = i
+    print(f"{len(times)} conversations over {len(reqs)} requests")
+    for k in range(1, 12):
+        at = [v for v in times.values() if len(v) >= k]
+        back = [v[k] - v[k - 1] for v in at if len(v) > k]
+        med = sorted(back)[len(back) // 2] if back else None
+        print(f"after turn {k}: {len(at)} conversations, P(next turn) {len(back) / len(at):.2f}, median gap {med} requests")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
-    ap.add_argument("policy", choices=["lru", "ghost", "lifetime", "duel", "oracle"])
+    ap.add_argument("policy", choices=["lru", "ghost", "lifetime", "duel", "oracle", "density", "turns"])
     ap.add_argument("--capacity", type=int, nargs="+", default=[1000, 3000, 10000, 30000])
     ap.add_argument("--theta", type=float, nargs="+", default=[0.05, 0.2, 0.35, 0.5, 0.75, 1.0])
     ap.add_argument("--horizon", type=int, nargs="+", default=[200, 300, 1000], help="oracle only")
@@ -362,6 +509,8 @@ def main():
     ap.add_argument("--deadband", type=float, nargs="+", default=[None], help="no shrink within this fraction of the best F(L)/L (lifetime)")
     a = ap.parse_args()
     reqs = load(a.trace)
+    if a.policy == "turns":
+        return turns(reqs)
     make = {
         "lru": [("lru", Lru)],
         "ghost": [(f"ghost theta={t}", lambda c, t=t: ChainAdmission(c, t)) for t in a.theta],
@@ -379,6 +528,7 @@ def main():
         "oracle": [
             (f"oracle horizon={h}", lambda c, h=h: KeptSetOracle(c, reqs, h)) for h in a.horizon
         ],
+        "density": [("density", Density)],
     }[a.policy]
     for name, ctor in make:
         ratios = [round(Cache(c, ctor(c)).run(reqs), 4) for c in a.capacity]
