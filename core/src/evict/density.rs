@@ -46,8 +46,11 @@ const UNLISTED: u32 = u32::MAX;
 /// - From those, for a block of class c at age a, the density is the best
 ///   over horizons L > a of (returns between a and L) / (slot-time spent
 ///   until the return or L), per block still at age a (LHD's hit density,
-///   with the horizon chosen rather than given by the current cache).
-///   Tables are recomputed every 500 requests, the past decayed by 0.9.
+///   with the horizon chosen rather than given by the current cache). It
+///   is computed on quarter-octave bins of age: a bin's returns count as
+///   happening at its lower edge, and horizons are bin edges, so it is an
+///   approximation that favours young ages slightly. Tables are recomputed
+///   every 500 requests, the past decayed by 0.9.
 /// - Eviction samples 64 leaves and offers them lowest density first
 ///   (older first on ties); parents wait until they are leaves again.
 ///
@@ -176,8 +179,7 @@ fn class(turns: u8) -> usize {
 
 impl State {
     fn ghost_slot(&self, fingerprint: u64) -> usize {
-        (fingerprint.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize
-            & (self.ghost_key.len() - 1)
+        super::ghost_slot(fingerprint, self.ghost_key.len())
     }
 
     /// The ghost's `(last use, turns)` for a key, if it still knows it.
@@ -337,6 +339,16 @@ impl EvictionPolicy for DensityPolicy {
         }
     }
 
+    fn on_restore(&self, event: PageEvent) {
+        // Back as it was: its use, class and age are still recorded.
+        let p = event.page.0;
+        if p < self.capacity {
+            let mut s = self.state.lock();
+            s.live[p as usize] = true;
+            s.list(p);
+        }
+    }
+
     fn on_access(&self, event: PageEvent) {
         let p = event.page.0;
         if p >= self.capacity {
@@ -409,7 +421,7 @@ impl EvictionPolicy for DensityPolicy {
                     s.forget(best.2);
                     return Some(PageId(best.2));
                 }
-                sample.sort_unstable_by(order);
+                sample.sort_unstable_by(|a, b| order(a, b).then(a.2.cmp(&b.2)));
                 sample.dedup_by_key(|r| r.2);
                 for &(_, _, p) in &sample {
                     if p != best.2 && try_evict(PageId(p), pass) {
@@ -428,15 +440,8 @@ impl EvictionPolicy for DensityPolicy {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_event as ev;
     use super::*;
-
-    fn ev(p: u32, depth: u32) -> PageEvent {
-        PageEvent {
-            page: PageId(p),
-            fingerprint: u64::from(p).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1,
-            block_index: depth,
-        }
-    }
 
     #[test]
     fn bins_are_quarter_octaves() {
@@ -503,6 +508,26 @@ mod tests {
         assert_eq!(p.evict_one(&mut |id, _| id.0 == 42), Some(PageId(42)));
         p.on_became_leaf(ev(7, 0));
         assert_eq!(p.evict_one(&mut |id, _| id.0 == 7), Some(PageId(7)));
+    }
+
+    /// A page put back after a cancelled eviction keeps its age and class
+    /// and does not start a request.
+    #[test]
+    fn restored_pages_keep_their_state() {
+        let p = DensityPolicy::new(8);
+        p.on_insert(ev(0, 0));
+        p.on_became_parent(ev(0, 0));
+        p.on_insert_child(ev(1, 1), PageId(0), true);
+        p.on_access(ev(0, 0)); // a second request
+        let before = {
+            let s = p.state.lock();
+            (s.clock, s.last[1], s.turns[1])
+        };
+        assert_eq!(p.evict_one(&mut |_, _| true), Some(PageId(1)));
+        p.on_restore(ev(1, 1));
+        let s = p.state.lock();
+        assert_eq!((s.clock, s.last[1], s.turns[1]), before);
+        assert!(s.live[1] && s.leaf_at[1] != UNLISTED);
     }
 
     /// Learned from the ghost: a class whose keys come back after ~100

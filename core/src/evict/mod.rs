@@ -29,6 +29,28 @@ pub use tinylfu::TinyLfuPolicy;
 
 use crate::page::PageId;
 
+/// The slot of a key fingerprint in a direct-mapped ghost table of `len`
+/// slots (a power of two): the top bits of a Fibonacci hash, which depend
+/// on every bit of the fingerprint (a key's layer group and head shard sit
+/// in its high bits; see `store::fingerprint`).
+pub(crate) fn ghost_slot(fingerprint: u64, len: usize) -> usize {
+    let bits = len.trailing_zeros();
+    if bits == 0 {
+        return 0;
+    }
+    (fingerprint.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+}
+
+/// A page event with a fixed, distinct fingerprint per page (for tests).
+#[cfg(test)]
+pub(crate) fn test_event(page: u32, block_index: u32) -> PageEvent {
+    PageEvent {
+        page: PageId(page),
+        fingerprint: u64::from(page).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1,
+        block_index,
+    }
+}
+
 /// What the store tells a policy about a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageEvent {
@@ -67,6 +89,15 @@ pub trait EvictionPolicy: Send + Sync {
     /// [`on_insert`](Self::on_insert).
     fn on_insert_child(&self, event: PageEvent, parent: PageId, extends_leaf: bool) {
         let _ = (parent, extends_leaf);
+        self.on_insert(event);
+    }
+
+    /// `event.page`, which [`evict_one`](Self::evict_one) returned, stays
+    /// cached after all (the store could not find enough pages and put
+    /// back the ones it had taken). Policies that learn from inserts
+    /// should not count this as one. Defaults to
+    /// [`on_insert`](Self::on_insert).
+    fn on_restore(&self, event: PageEvent) {
         self.on_insert(event);
     }
 
@@ -113,6 +144,9 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for alloc::boxed::Box<P> {
     fn on_insert_child(&self, event: PageEvent, parent: PageId, extends_leaf: bool) {
         (**self).on_insert_child(event, parent, extends_leaf)
     }
+    fn on_restore(&self, event: PageEvent) {
+        (**self).on_restore(event)
+    }
     fn on_access(&self, event: PageEvent) {
         (**self).on_access(event)
     }
@@ -127,5 +161,28 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for alloc::boxed::Box<P> {
     }
     fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId> {
         (**self).evict_one(try_evict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ghost_slot;
+
+    /// Fingerprints that differ only in the bits where a key's layer group
+    /// (bit 40 up) or head shard (bit 20 up) sit land in different slots.
+    #[test]
+    fn ghost_slots_use_every_fingerprint_bit() {
+        for len in [1usize << 16, 1 << 20] {
+            let base = 0x1234_5678_9abc_def1u64;
+            let mut slots: alloc::vec::Vec<usize> = (0..64u64)
+                .map(|g| ghost_slot(base ^ (g << 40), len))
+                .chain((0..64u64).map(|s| ghost_slot(base ^ (s << 20) ^ (1 << 63), len)))
+                .collect();
+            assert!(slots.iter().all(|&s| s < len));
+            slots.sort_unstable();
+            slots.dedup();
+            assert!(slots.len() > 120, "{} distinct slots of 128", slots.len());
+        }
+        assert_eq!(ghost_slot(u64::MAX, 1), 0);
     }
 }

@@ -250,7 +250,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                     }
                     let key = meta.key();
                     ev.cancel();
-                    self.policy.on_insert(self.event(page, &key));
+                    self.policy.on_restore(self.event(page, &key));
                 }
                 return Err(Error::CapacityExhausted(
                     "cache store: every cached page is in use",

@@ -31,6 +31,14 @@ pub(super) fn kernels() -> Option<Kernels> {
     })
 }
 
+/// Whether a slice of `len` elements holds the product of `dims` (false if
+/// the product overflows, so a wrapped product can never pass a check).
+fn holds(len: usize, dims: &[usize]) -> bool {
+    dims.iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .is_some_and(|need| len >= need)
+}
+
 // The safe wrappers below are reachable only through the table `kernels()`
 // returns, which exists only after the features were detected: that is the
 // invariant every `SAFETY` comment here relies on.
@@ -108,7 +116,7 @@ fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
 fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], ahead: &[u8]) {
     let d = q.len() / rows.max(1);
     assert!(
-        k.len() >= n * d && out.len() >= rows * n && q.len() >= rows * d,
+        holds(k.len(), &[n, d]) && holds(out.len(), &[rows, n]) && holds(q.len(), &[rows, d]),
         "scores: shapes"
     );
     let ahead = Ahead::new(ahead, n.div_ceil(2));
@@ -138,7 +146,9 @@ fn scores_stored(
 ) {
     let d = q.len() / rows.max(1);
     assert!(
-        k.len() >= n * d * dtype.size_bytes() && out.len() >= rows * n && q.len() >= rows * d,
+        holds(k.len(), &[n, d, dtype.size_bytes()])
+            && holds(out.len(), &[rows, n])
+            && holds(q.len(), &[rows, d]),
         "scores: shapes"
     );
     let ahead = Ahead::new(ahead, n.div_ceil(2));
@@ -157,7 +167,7 @@ fn scores_stored(
 fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], ahead: &[u8]) {
     let d = acc.len() / rows.max(1);
     assert!(
-        p.len() >= rows * n && v.len() >= n * d && acc.len() >= rows * d,
+        holds(p.len(), &[rows, n]) && holds(v.len(), &[n, d]) && holds(acc.len(), &[rows, d]),
         "weighted_sum: shapes"
     );
     let ahead = Ahead::new(ahead, d.div_ceil(16));
@@ -187,7 +197,9 @@ fn weighted_sum_stored(
 ) {
     let d = acc.len() / rows.max(1);
     assert!(
-        p.len() >= rows * n && v.len() >= n * d * dtype.size_bytes() && acc.len() >= rows * d,
+        holds(p.len(), &[rows, n])
+            && holds(v.len(), &[n, d, dtype.size_bytes()])
+            && holds(acc.len(), &[rows, d]),
         "weighted_sum: shapes"
     );
     let ahead = Ahead::new(ahead, d.div_ceil(16));
@@ -444,7 +456,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
 fn softmax_rows(s: &mut [f32], n: usize, max: &mut [f32], sum: &mut [f32], rescale: &mut [f32]) {
     let rows = max.len();
     assert!(
-        s.len() >= rows * n && sum.len() >= rows && rescale.len() >= rows,
+        holds(s.len(), &[rows, n]) && sum.len() >= rows && rescale.len() >= rows,
         "softmax_rows: shapes"
     );
     // SAFETY: `s` holds `rows·n` elements, and `max`, `sum` and `rescale`
