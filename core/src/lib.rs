@@ -7,7 +7,8 @@
 //! - [`page`]: page memory and K/V row I/O.
 //! - [`pool`]: the fixed-capacity lock-free [`PagePool`].
 //! - [`map`]: the lock-free, epoch-reclaimed [`SliceMap`].
-//! - [`evict`]: eviction policies ([`ClockPolicy`], [`LruPolicy`]).
+//! - [`evict`]: eviction policies ([`DensityPolicy`], the replay default;
+//!   [`ChainPolicy`], [`TinyLfuPolicy`], [`ClockPolicy`], [`LruPolicy`]).
 //! - [`store`]: the [`CacheStore`] façade over pool, map and policy.
 //! - [`engine`]: the [`AttentionEngine`] trait and the [`ReferenceEngine`].
 //!
