@@ -116,6 +116,8 @@ struct State {
     age_of_bin: [f64; BINS],
     next_update: u64,
     rng: u64,
+    /// Scratch for `evict_one`'s candidates: (density, last use, page).
+    sample: Vec<(f64, u64, u32)>,
 }
 
 impl DensityPolicy {
@@ -153,6 +155,7 @@ impl DensityPolicy {
                 age_of_bin,
                 next_update: 1 + PERIOD,
                 rng: 0x9e37_79b9_7f4a_7c15,
+                sample: Vec::with_capacity(n.min(SAMPLE)),
             }),
         }
     }
@@ -394,23 +397,36 @@ impl EvictionPolicy for DensityPolicy {
 
     fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId> {
         let mut s = self.state.lock();
-        let mut sample: Vec<(f64, u64, u32)> = Vec::with_capacity(SAMPLE);
+        // The sample buffer is reused: evictions are the hot path.
+        let mut sample = core::mem::take(&mut s.sample);
+        let evicted = s.evict_sampled(&mut sample, try_evict);
+        s.sample = sample;
+        evicted
+    }
+}
+
+impl State {
+    fn evict_sampled(
+        &mut self,
+        sample: &mut Vec<(f64, u64, u32)>,
+        try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool,
+    ) -> Option<PageId> {
         for pass in [EvictPass::Normal, EvictPass::IncludeHigh] {
             // A few samples, best first; then, if every sampled leaf was
             // refused (held by requests), every leaf.
             for round in 0..4 {
                 sample.clear();
-                let n = s.leaves.len();
+                let n = self.leaves.len();
                 if n == 0 {
                     return None;
                 }
                 if round < 3 && n > SAMPLE {
                     for _ in 0..SAMPLE {
-                        let at = (s.random() % n as u64) as usize;
-                        sample.push(s.rank(s.leaves[at]));
+                        let at = (self.random() % n as u64) as usize;
+                        sample.push(self.rank(self.leaves[at]));
                     }
                 } else {
-                    sample.extend(s.leaves.iter().map(|&p| s.rank(p)));
+                    sample.extend(self.leaves.iter().map(|&p| self.rank(p)));
                 }
                 let order = |a: &(f64, u64, u32), b: &(f64, u64, u32)| {
                     a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
@@ -418,14 +434,14 @@ impl EvictionPolicy for DensityPolicy {
                 // Usually the best is accepted: offer it before sorting.
                 let best = sample.iter().copied().min_by(order).expect("sampled");
                 if try_evict(PageId(best.2), pass) {
-                    s.forget(best.2);
+                    self.forget(best.2);
                     return Some(PageId(best.2));
                 }
                 sample.sort_unstable_by(|a, b| order(a, b).then(a.2.cmp(&b.2)));
                 sample.dedup_by_key(|r| r.2);
-                for &(_, _, p) in &sample {
+                for &(_, _, p) in sample.iter() {
                     if p != best.2 && try_evict(PageId(p), pass) {
-                        s.forget(p);
+                        self.forget(p);
                         return Some(PageId(p));
                     }
                 }
