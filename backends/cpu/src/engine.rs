@@ -335,28 +335,43 @@ impl CpuEngine {
                 k.widen(dtype, kb, &mut scratch.k[..n * hd]);
                 (k.scores)(q, live, &scratch.k[..n * hd], n, scores, k_ahead);
             }
-            // Every row sees the whole block (decode; prefill away from the
-            // diagonal): one kernel call updates all rows' softmax state.
-            if visible_keys(seq.kv_len - q_len + first / ratio, pos, n) == n {
-                let rescale = &mut scratch.rescale[..live];
-                (k.softmax_rows)(
-                    scores,
-                    n,
-                    &mut part.max[first..],
-                    &mut part.sum[first..],
-                    rescale,
-                );
-                for (r, &c) in (first..rows).zip(rescale.iter()) {
-                    if c != 1.0 {
-                        part.acc[r * hd..(r + 1) * hd]
-                            .iter_mut()
-                            .for_each(|x| *x *= c);
-                    }
+            // Row `r` sees a prefix of the block under the causal mask; rows
+            // are token-major, so those that see all of it are a suffix
+            // (every row in decode): one softmax call for them, one per row
+            // on the diagonal, where the hidden scores get weight 0.
+            let rescale = &mut scratch.rescale[..live];
+            let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
+            let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
+            for r in first..full {
+                let (i, seen) = (r - first, visible(r));
+                let s = &mut scores[i * n..(i + 1) * n];
+                rescale[i] = 1.0;
+                if seen > 0 {
+                    (k.softmax_rows)(
+                        &mut s[..seen],
+                        seen,
+                        &mut part.max[r..=r],
+                        &mut part.sum[r..=r],
+                        &mut rescale[i..=i],
+                    );
                 }
-            } else {
-                self.masked_softmax(&mut part, scores, first, |r| {
-                    visible_keys(seq.kv_len - q_len + r / ratio, pos, n)
-                });
+                s[seen..].fill(0.0);
+            }
+            if full < rows {
+                (k.softmax_rows)(
+                    &mut scores[(full - first) * n..],
+                    n,
+                    &mut part.max[full..],
+                    &mut part.sum[full..],
+                    &mut rescale[full - first..],
+                );
+            }
+            for (r, &c) in (first..rows).zip(rescale.iter()) {
+                if c != 1.0 {
+                    part.acc[r * hd..(r + 1) * hd]
+                        .iter_mut()
+                        .for_each(|x| *x *= c);
+                }
             }
             let acc = &mut part.acc[first * hd..];
             if let Some(sk) = stored {
@@ -369,76 +384,10 @@ impl CpuEngine {
         }
         Ok(part)
     }
-
-    /// The softmax step of a block on the causal diagonal, where row `r`
-    /// (from `first`) sees only the first `visible(r)` of the block's `n`
-    /// scores; the rest get weight 0.
-    fn masked_softmax(
-        &self,
-        part: &mut Partials,
-        scores: &mut [f32],
-        first: usize,
-        visible: impl Fn(usize) -> usize,
-    ) {
-        let rows = part.max.len();
-        let n = scores.len() / (rows - first);
-        let hd = part.acc.len() / rows;
-        for r in first..rows {
-            let s = &mut scores[(r - first) * n..(r - first + 1) * n];
-            let visible = visible(r);
-            let old = part.max[r];
-            let max = old.max(lanes_max(&s[..visible]));
-            if max > old {
-                let rescale = (old - max).exp();
-                part.acc[r * hd..(r + 1) * hd]
-                    .iter_mut()
-                    .for_each(|x| *x *= rescale);
-                part.sum[r] *= rescale;
-                part.max[r] = max;
-            }
-            s[..visible].iter_mut().for_each(|x| *x -= max);
-        }
-        // One call for the whole block, so the exponentials of all rows are
-        // independent work for the pipeline.
-        (self.kernels.exp)(scores);
-        for r in first..rows {
-            let s = &mut scores[(r - first) * n..(r - first + 1) * n];
-            s[visible(r)..].fill(0.0);
-            part.sum[r] += lanes_sum(s);
-        }
-    }
 }
 
 /// Keys of a block (starting at position `pos`, `n` long) that a query at
 /// position `q_pos` sees under the causal mask.
 fn visible_keys(q_pos: usize, pos: usize, n: usize) -> usize {
     (q_pos + 1).saturating_sub(pos).min(n)
-}
-
-/// The largest element (−∞ for none), in eight independent lanes so the
-/// compiler can vectorise it. Ignores NaN like `f32::max`; a NaN score
-/// still reaches the output through the exponentials and the sum.
-fn lanes_max(xs: &[f32]) -> f32 {
-    let mut m = [f32::NEG_INFINITY; 8];
-    let chunks = xs.chunks_exact(8);
-    let tail = chunks.remainder().iter().copied();
-    for c in chunks {
-        for (m, x) in m.iter_mut().zip(c) {
-            *m = m.max(*x);
-        }
-    }
-    m.into_iter().chain(tail).fold(f32::NEG_INFINITY, f32::max)
-}
-
-/// The sum, in eight independent lanes (see [`lanes_max`]).
-fn lanes_sum(xs: &[f32]) -> f32 {
-    let mut s = [0f32; 8];
-    let chunks = xs.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for (s, x) in s.iter_mut().zip(c) {
-            *s += x;
-        }
-    }
-    s.iter().sum::<f32>() + tail
 }

@@ -114,25 +114,16 @@ fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
 }
 
 fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], ahead: &[u8]) {
-    let d = q.len() / rows.max(1);
-    assert!(
-        holds(k.len(), &[n, d]) && holds(out.len(), &[rows, n]) && holds(q.len(), &[rows, d]),
-        "scores: shapes"
-    );
-    let ahead = Ahead::new(ahead, n.div_ceil(2));
-    // SAFETY: the assert bounds every access made below (`k` holds `n·d`
-    // f32); AVX2 and FMA are present.
-    unsafe {
-        scores_avx2::<F32>(
-            q.as_ptr(),
-            rows,
-            k.as_ptr().cast(),
-            n,
-            d,
-            out.as_mut_ptr(),
-            ahead,
-        )
-    }
+    scores_stored(KvDtype::F32, q, rows, f32_bytes(k), n, out, ahead);
+}
+
+/// An f32 slice as its bytes (in memory order, which for these kernels'
+/// little-endian targets is the f32 encoding `load8` reads).
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: the bytes of initialised f32 values are initialised u8s,
+    // `u8` needs no alignment, and the length covers exactly `x`'s memory
+    // for the same lifetime.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
 }
 
 fn scores_stored(
@@ -165,25 +156,7 @@ fn scores_stored(
 }
 
 fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], ahead: &[u8]) {
-    let d = acc.len() / rows.max(1);
-    assert!(
-        holds(p.len(), &[rows, n]) && holds(v.len(), &[n, d]) && holds(acc.len(), &[rows, d]),
-        "weighted_sum: shapes"
-    );
-    let ahead = Ahead::new(ahead, d.div_ceil(16));
-    // SAFETY: the assert bounds every access made below (`v` holds `n·d`
-    // f32); AVX2 and FMA are present.
-    unsafe {
-        weighted_sum_avx2::<F32>(
-            p.as_ptr(),
-            rows,
-            v.as_ptr().cast(),
-            n,
-            d,
-            acc.as_mut_ptr(),
-            ahead,
-        )
-    }
+    weighted_sum_stored(KvDtype::F32, p, rows, f32_bytes(v), n, acc, ahead);
 }
 
 fn weighted_sum_stored(
