@@ -76,6 +76,21 @@ impl CpuEngine {
         self
     }
 
+    /// With a given kernel set, one of [`Kernels::supported`] (to compare
+    /// instruction sets on one machine).
+    ///
+    /// ```
+    /// use kvslice_cpu::{CpuEngine, Kernels};
+    ///
+    /// for k in Kernels::supported() {
+    ///     assert_eq!(CpuEngine::new().with_kernels(k).kernels().name, k.name);
+    /// }
+    /// ```
+    pub fn with_kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
     /// With split-K chunks of `pages` pages (0 = choose automatically).
     pub fn with_chunk_pages(mut self, pages: usize) -> Self {
         self.chunk_pages = pages;

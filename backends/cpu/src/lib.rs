@@ -7,13 +7,10 @@
 //! accumulation with an online softmax, and split-K across threads for long
 //! contexts. The next page's K and V are prefetched while a page is
 //! computed. The inner loops are chosen at run time ([`Kernels::detect`]):
-//! AVX2 + FMA + F16C on x86-64, NEON on aarch64 (tested under qemu in CI),
-//! else a portable scalar version. Every input check runs before any
-//! compute (`AttentionBatch::validate`).
-//!
-//! Not here yet: an AVX-512 path (no machine this project builds on, nor
-//! qemu's user mode, runs AVX-512, so it could not be tested; AVX2 runs on
-//! those CPUs).
+//! AVX-512 (F, BW, VL) or AVX2 + FMA + F16C on x86-64, NEON on aarch64, else
+//! a portable scalar version; CI runs the NEON tests under qemu and the
+//! AVX-512 tests under Bochs, as no machine it runs on has either. Every
+//! input check runs before any compute (`AttentionBatch::validate`).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 

@@ -1,5 +1,6 @@
 //! x86-64 kernels with AVX2, FMA and F16C: eight f32 lanes per instruction.
-//! All of this crate's `unsafe` is in this file.
+//! Like every kernel file, it holds its instruction set's `unsafe`; its
+//! shape checks, byte view and prefetch schedule also serve `avx512.rs`.
 
 use std::arch::x86_64::*;
 
@@ -33,7 +34,7 @@ pub(super) fn kernels() -> Option<Kernels> {
 
 /// Whether a slice of `len` elements holds the product of `dims` (false if
 /// the product overflows, so a wrapped product can never pass a check).
-fn holds(len: usize, dims: &[usize]) -> bool {
+pub(super) fn holds(len: usize, dims: &[usize]) -> bool {
     dims.iter()
         .try_fold(1usize, |a, &b| a.checked_mul(b))
         .is_some_and(|need| len >= need)
@@ -57,19 +58,19 @@ fn prefetch_line(line: &[u8]) {
 /// The cache lines of `ahead`, prefetched in `steps` bursts of equal size
 /// spread over a kernel's loop, so that the next page arrives while this
 /// one is computed without filling every line-fill buffer at once.
-struct Ahead<'a> {
+pub(super) struct Ahead<'a> {
     lines: std::slice::Chunks<'a, u8>,
     per_step: usize,
 }
 
 impl<'a> Ahead<'a> {
-    fn new(ahead: &'a [u8], steps: usize) -> Self {
+    pub(super) fn new(ahead: &'a [u8], steps: usize) -> Self {
         let lines = ahead.chunks(64);
         let per_step = lines.len().div_ceil(steps.max(1));
         Self { lines, per_step }
     }
 
-    fn step(&mut self) {
+    pub(super) fn step(&mut self) {
         self.lines
             .by_ref()
             .take(self.per_step)
@@ -119,7 +120,7 @@ fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], ahead: &
 
 /// An f32 slice as its bytes (in memory order, which for these kernels'
 /// little-endian targets is the f32 encoding `load8` reads).
-fn f32_bytes(x: &[f32]) -> &[u8] {
+pub(super) fn f32_bytes(x: &[f32]) -> &[u8] {
     // SAFETY: the bytes of initialised f32 values are initialised u8s,
     // `u8` needs no alignment, and the length covers exactly `x`'s memory
     // for the same lifetime.
@@ -190,9 +191,9 @@ fn weighted_sum_stored(
 
 /// Element encodings the score and value kernels read, as a const
 /// parameter so each instantiation has its own straight-line loads.
-const F32: u8 = 0;
-const F16: u8 = 1;
-const BF16: u8 = 2;
+pub(super) const F32: u8 = 0;
+pub(super) const F16: u8 = 1;
+pub(super) const BF16: u8 = 2;
 
 /// Eight elements of encoding `E` at element index `i` of `p`, as f32.
 ///
@@ -235,7 +236,7 @@ unsafe fn load1<const E: u8>(p: *const u8, i: usize) -> f32 {
 /// Row sums of four accumulators: lane `i` of the result is the sum of
 /// `a[i]`'s eight lanes (three horizontal adds instead of four `hsum`s).
 #[target_feature(enable = "avx2")]
-fn hsum4(a: [__m256; 4]) -> __m128 {
+pub(super) fn hsum4(a: [__m256; 4]) -> __m128 {
     let u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
     _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1))
 }

@@ -6,6 +6,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod scalar;
@@ -26,7 +28,8 @@ pub type StoredWeightedSumFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f3
 /// Function table for one instruction set.
 #[derive(Clone, Copy)]
 pub struct Kernels {
-    /// Name for reports ("avx2+fma+f16c", "neon", "scalar").
+    /// Name for reports ("avx512f+bw+vl", "avx2+fma+f16c", "neon",
+    /// "scalar").
     pub name: &'static str,
     widen_f16: fn(&[u8], &mut [f32]),
     widen_bf16: fn(&[u8], &mut [f32]),
@@ -87,16 +90,32 @@ impl std::fmt::Debug for Kernels {
 
 impl Kernels {
     /// The fastest kernels this CPU runs.
+    ///
+    /// ```
+    /// let k = kvslice_cpu::Kernels::detect();
+    /// assert_eq!(k.name, kvslice_cpu::Kernels::supported()[0].name);
+    /// ```
     pub fn detect() -> Self {
+        Self::supported()[0]
+    }
+
+    /// Every kernel set this CPU runs, fastest first, the portable one
+    /// last (so that tests can hold each against the same oracle).
+    ///
+    /// ```
+    /// let all = kvslice_cpu::Kernels::supported();
+    /// assert_eq!(all.last().unwrap().name, "scalar");
+    /// ```
+    pub fn supported() -> Vec<Self> {
+        let mut all = Vec::new();
         #[cfg(target_arch = "x86_64")]
-        if let Some(k) = avx2::kernels() {
-            return k;
-        }
+        all.extend(avx512::kernels());
+        #[cfg(target_arch = "x86_64")]
+        all.extend(avx2::kernels());
         #[cfg(target_arch = "aarch64")]
-        if let Some(k) = neon::kernels() {
-            return k;
-        }
-        scalar::kernels()
+        all.extend(neon::kernels());
+        all.push(scalar::kernels());
+        all
     }
 
     /// The portable fallback, for comparison and tests.
@@ -122,7 +141,7 @@ mod tests {
     use super::*;
 
     fn all() -> Vec<Kernels> {
-        vec![Kernels::scalar(), Kernels::detect()]
+        Kernels::supported()
     }
 
     #[test]
@@ -207,12 +226,19 @@ mod tests {
     /// counts on both sides of a register group and widths with tails.
     #[test]
     fn stored_kernels_agree_with_widened_rows() {
-        let Some(sk) = Kernels::detect().stored else {
+        let sets: Vec<Kernels> = all().into_iter().filter(|k| k.stored.is_some()).collect();
+        if sets.is_empty() {
             eprintln!("no stored-row kernels on this CPU: nothing to compare");
-            return;
-        };
-        let k = Kernels::detect();
-        for d in [1usize, 7, 8, 16, 20, 128] {
+        }
+        for k in sets {
+            stored_kernels_agree_in(k);
+        }
+    }
+
+    fn stored_kernels_agree_in(k: Kernels) {
+        let sk = k.stored.expect("a set with stored-row kernels");
+        // Widths around the 8- and 16-lane steps and their tails.
+        for d in [1usize, 7, 8, 16, 17, 20, 33, 40, 128] {
             for n in [1usize, 2, 3, 16, 17] {
                 let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
                 let ahead = vec![0u8; 300];
@@ -233,7 +259,8 @@ mod tests {
                         };
                         assert!(
                             close(&got, &want),
-                            "scores {dtype:?} d={d} n={n} rows={rows}"
+                            "{} scores {dtype:?} d={d} n={n} rows={rows}",
+                            k.name
                         );
                         let (mut want_acc, mut acc) =
                             (vec![0.25f32; rows * d], vec![0.25f32; rows * d]);
@@ -241,7 +268,8 @@ mod tests {
                         (sk.weighted_sum)(dtype, &want, rows, &bytes, n, &mut acc, &ahead);
                         assert!(
                             close(&acc, &want_acc),
-                            "weighted_sum {dtype:?} d={d} n={n} rows={rows}"
+                            "{} weighted_sum {dtype:?} d={d} n={n} rows={rows}",
+                            k.name
                         );
                     }
                 }

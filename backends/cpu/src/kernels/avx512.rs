@@ -1,0 +1,559 @@
+//! x86-64 kernels with AVX-512 (F, BW, VL): sixteen f32 lanes per
+//! instruction, and masked loads and stores for row tails instead of
+//! scalar loops. Every AVX-512 CPU also has AVX2, FMA and F16C, so the
+//! shape checks, the byte view of f32 rows, the prefetch schedule and the
+//! four-row horizontal sum are [`super::avx2`]'s.
+//!
+//! None of the machines this project builds on has AVX-512: these kernels
+//! are tested under Bochs's AVX-512 emulation (`.ci/avx512-emulated.sh`),
+//! which runs this crate's tests with `KVSLICE_REQUIRE_KERNELS` naming
+//! this set, and they have not been timed on real hardware.
+
+use std::arch::x86_64::*;
+
+use kvslice_core::KvDtype;
+
+use super::avx2::{self, Ahead, f32_bytes, holds, hsum4};
+use super::{Kernels, StoredKernels};
+
+/// Name of this kernel set in reports and in `KVSLICE_REQUIRE_KERNELS`.
+pub(super) const NAME: &str = "avx512f+bw+vl";
+
+/// The AVX-512 table, if the CPU has AVX-512 F, BW and VL besides the
+/// AVX2 set's features.
+pub(super) fn kernels() -> Option<Kernels> {
+    let base = avx2::kernels()?;
+    let ok = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl");
+    ok.then_some(Kernels {
+        name: NAME,
+        widen_f16,
+        widen_bf16,
+        widen_f32,
+        dot,
+        axpy,
+        exp,
+        softmax_rows,
+        scores,
+        weighted_sum,
+        stored: Some(StoredKernels {
+            scores: scores_stored,
+            weighted_sum: weighted_sum_stored,
+        }),
+        prefetch: base.prefetch,
+    })
+}
+
+// As in `avx2`: the safe wrappers below are reachable only through the
+// table `kernels()` returns, which exists only after the features were
+// detected; every `SAFETY` comment here relies on that.
+
+/// Lanes `0..m` of a 16-lane mask (`m ≤ 16`).
+fn mask(m: usize) -> __mmask16 {
+    ((1u32 << m.min(16)) - 1) as __mmask16
+}
+
+/// Sixteen elements of encoding `E` at element index `i` of `p`, as f32;
+/// lanes outside `m` read nothing and are zero.
+///
+/// # Safety
+/// `p` is valid for reads of the elements `i + l` for every lane `l` set
+/// in `m`; AVX-512 F, BW and VL are present.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load16<const E: u8>(p: *const u8, i: usize, m: __mmask16) -> __m512 {
+    // SAFETY: the contract above; masked-off lanes are not accessed.
+    unsafe {
+        match E {
+            avx2::F32 => _mm512_maskz_loadu_ps(m, p.cast::<f32>().add(i)),
+            avx2::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.add(2 * i).cast())),
+            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(m, p.add(2 * i).cast()),
+            ))),
+        }
+    }
+}
+
+/// The sum of a 16-lane vector's halves, as eight lanes (for [`hsum4`]).
+#[target_feature(enable = "avx512f")]
+fn fold(a: __m512) -> __m256 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+    _mm256_add_ps(_mm512_castps512_ps256(a), hi)
+}
+
+fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], ahead: &[u8]) {
+    scores_stored(KvDtype::F32, q, rows, f32_bytes(k), n, out, ahead);
+}
+
+fn scores_stored(
+    dtype: KvDtype,
+    q: &[f32],
+    rows: usize,
+    k: &[u8],
+    n: usize,
+    out: &mut [f32],
+    ahead: &[u8],
+) {
+    let d = q.len() / rows.max(1);
+    assert!(
+        holds(k.len(), &[n, d, dtype.size_bytes()])
+            && holds(out.len(), &[rows, n])
+            && holds(q.len(), &[rows, d]),
+        "scores: shapes"
+    );
+    let mut ahead = Ahead::new(ahead, n.div_ceil(2));
+    let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
+    let mut r = 0;
+    while r < rows {
+        let g = (rows - r).min(4);
+        // SAFETY: the assert bounds every access of rows `r..r + g` (`k`
+        // holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
+        // FMA and F16C are present.
+        unsafe {
+            let (q, out) = (q.add(r * d), out.add(r * n));
+            match g {
+                1 => scores_any::<1>(dtype, q, k, n, d, out, &mut ahead),
+                2 => scores_any::<2>(dtype, q, k, n, d, out, &mut ahead),
+                3 => scores_any::<3>(dtype, q, k, n, d, out, &mut ahead),
+                _ => scores_any::<4>(dtype, q, k, n, d, out, &mut ahead),
+            }
+        }
+        r += g;
+    }
+}
+
+/// [`scores_group`] for a run-time encoding.
+///
+/// # Safety
+/// As [`scores_group`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores_any<const G: usize>(
+    dtype: KvDtype,
+    q: *const f32,
+    k: *const u8,
+    n: usize,
+    d: usize,
+    out: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: the caller's contract is `scores_group`'s.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => scores_group::<G, { avx2::F32 }>(q, k, n, d, out, ahead),
+            KvDtype::F16 => scores_group::<G, { avx2::F16 }>(q, k, n, d, out, ahead),
+            KvDtype::Bf16 => scores_group::<G, { avx2::BF16 }>(q, k, n, d, out, ahead),
+        }
+    }
+}
+
+/// Scores of `G` query rows (`G ≤ 4`, a constant so that the accumulators
+/// stay in registers) against `n` keys, two keys at a time; the last
+/// sixteen-column step of a row is masked.
+///
+/// # Safety
+/// `q` is valid for `G·d` reads, `k` for `n·d` elements of encoding `E`,
+/// `out` for writes at `i·n + j` (`i < G`, `j < n`); AVX-512 F, BW and VL,
+/// AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scores_group<const G: usize, const E: u8>(
+    q: *const f32,
+    k: *const u8,
+    n: usize,
+    d: usize,
+    out: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: every unmasked lane read is below `n·d` (keys) or `G·d`
+    // (queries), and every write below `(G - 1)·n + n`, by the loop
+    // bounds and the masks, as the contract requires.
+    unsafe {
+        let mut j = 0;
+        while j < n {
+            ahead.step();
+            let two = j + 1 < n;
+            let (k0, k1) = (j * d, (j + usize::from(two)) * d);
+            let mut a0 = [_mm512_setzero_ps(); 4];
+            let mut a1 = [_mm512_setzero_ps(); 4];
+            let mut c = 0;
+            while c < d {
+                let m = mask(d - c);
+                let (kv0, kv1) = (load16::<E>(k, k0 + c, m), load16::<E>(k, k1 + c, m));
+                for i in 0..G {
+                    let qv = _mm512_maskz_loadu_ps(m, q.add(i * d + c));
+                    a0[i] = _mm512_fmadd_ps(qv, kv0, a0[i]);
+                    a1[i] = _mm512_fmadd_ps(qv, kv1, a1[i]);
+                }
+                c += 16;
+            }
+            let (mut s0, mut s1) = ([0f32; 4], [0f32; 4]);
+            let [x0, x1, x2, x3] = a0;
+            let [y0, y1, y2, y3] = a1;
+            _mm_storeu_ps(
+                s0.as_mut_ptr(),
+                hsum4([fold(x0), fold(x1), fold(x2), fold(x3)]),
+            );
+            _mm_storeu_ps(
+                s1.as_mut_ptr(),
+                hsum4([fold(y0), fold(y1), fold(y2), fold(y3)]),
+            );
+            for i in 0..G {
+                *out.add(i * n + j) = s0[i];
+                if two {
+                    *out.add(i * n + j + 1) = s1[i];
+                }
+            }
+            j += 2;
+        }
+    }
+}
+
+fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], ahead: &[u8]) {
+    weighted_sum_stored(KvDtype::F32, p, rows, f32_bytes(v), n, acc, ahead);
+}
+
+fn weighted_sum_stored(
+    dtype: KvDtype,
+    p: &[f32],
+    rows: usize,
+    v: &[u8],
+    n: usize,
+    acc: &mut [f32],
+    ahead: &[u8],
+) {
+    let d = acc.len() / rows.max(1);
+    assert!(
+        holds(p.len(), &[rows, n])
+            && holds(v.len(), &[n, d, dtype.size_bytes()])
+            && holds(acc.len(), &[rows, d]),
+        "weighted_sum: shapes"
+    );
+    let mut ahead = Ahead::new(ahead, d.div_ceil(32));
+    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    let mut r = 0;
+    while r < rows {
+        let g = (rows - r).min(4);
+        // SAFETY: the assert bounds every access of rows `r..r + g` (`v`
+        // holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
+        // FMA and F16C are present.
+        unsafe {
+            let (p, acc) = (p.add(r * n), acc.add(r * d));
+            match g {
+                1 => weighted_sum_any::<1>(dtype, p, v, n, d, acc, &mut ahead),
+                2 => weighted_sum_any::<2>(dtype, p, v, n, d, acc, &mut ahead),
+                3 => weighted_sum_any::<3>(dtype, p, v, n, d, acc, &mut ahead),
+                _ => weighted_sum_any::<4>(dtype, p, v, n, d, acc, &mut ahead),
+            }
+        }
+        r += g;
+    }
+}
+
+/// [`weighted_sum_group`] for a run-time encoding.
+///
+/// # Safety
+/// As [`weighted_sum_group`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn weighted_sum_any<const G: usize>(
+    dtype: KvDtype,
+    p: *const f32,
+    v: *const u8,
+    n: usize,
+    d: usize,
+    acc: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: the caller's contract is `weighted_sum_group`'s.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => weighted_sum_group::<G, { avx2::F32 }>(p, v, n, d, acc, ahead),
+            KvDtype::F16 => weighted_sum_group::<G, { avx2::F16 }>(p, v, n, d, acc, ahead),
+            KvDtype::Bf16 => weighted_sum_group::<G, { avx2::BF16 }>(p, v, n, d, acc, ahead),
+        }
+    }
+}
+
+/// `acc[i] += Σ_j p[i·n + j] · v[j]` for `G` rows (`G ≤ 4`, a constant so
+/// that the accumulators stay in registers), 32 columns at a time, the
+/// last step masked.
+///
+/// # Safety
+/// `p` is valid for `G·n` reads, `v` for `n·d` elements of encoding `E`,
+/// `acc` for `G·d` reads and writes; AVX-512 F, BW and VL, AVX2, FMA and
+/// F16C are present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn weighted_sum_group<const G: usize, const E: u8>(
+    p: *const f32,
+    v: *const u8,
+    n: usize,
+    d: usize,
+    acc: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: every unmasked lane access is below `G·n` (weights), `n·d`
+    // (values) or `G·d` (accumulators) by the loop bounds and the masks, as
+    // the contract requires.
+    unsafe {
+        let mut c = 0;
+        while c < d {
+            ahead.step();
+            // Columns `c..c + 16` and, when more than 16 are left, the next
+            // sixteen, each masked to `d`.
+            let wide = d - c > 16;
+            let c1 = if wide { c + 16 } else { c };
+            let (m0, m1) = (mask(d - c), mask(d - c1));
+            let mut a0 = [_mm512_setzero_ps(); G];
+            let mut a1 = [_mm512_setzero_ps(); G];
+            for i in 0..G {
+                a0[i] = _mm512_maskz_loadu_ps(m0, acc.add(i * d + c));
+                a1[i] = _mm512_maskz_loadu_ps(m1, acc.add(i * d + c1));
+            }
+            for j in 0..n {
+                let v0 = load16::<E>(v, j * d + c, m0);
+                let v1 = load16::<E>(v, j * d + c1, m1);
+                for i in 0..G {
+                    let w = _mm512_set1_ps(*p.add(i * n + j));
+                    a0[i] = _mm512_fmadd_ps(w, v0, a0[i]);
+                    if wide {
+                        a1[i] = _mm512_fmadd_ps(w, v1, a1[i]);
+                    }
+                }
+            }
+            for i in 0..G {
+                _mm512_mask_storeu_ps(acc.add(i * d + c), m0, a0[i]);
+                if wide {
+                    _mm512_mask_storeu_ps(acc.add(i * d + c1), m1, a1[i]);
+                }
+            }
+            c += if wide { 32 } else { 16 };
+        }
+    }
+}
+
+fn softmax_rows(s: &mut [f32], n: usize, max: &mut [f32], sum: &mut [f32], rescale: &mut [f32]) {
+    let rows = max.len();
+    assert!(
+        holds(s.len(), &[rows, n]) && sum.len() >= rows && rescale.len() >= rows,
+        "softmax_rows: shapes"
+    );
+    // SAFETY: `s` holds `rows·n` elements, and `max`, `sum` and `rescale`
+    // `rows`, checked above; AVX-512 F is present.
+    unsafe {
+        softmax_rows_avx512(
+            s.as_mut_ptr(),
+            rows,
+            n,
+            max.as_mut_ptr(),
+            sum.as_mut_ptr(),
+            rescale.as_mut_ptr(),
+        )
+    };
+}
+
+/// [`Kernels::softmax_rows`] in two passes over all rows (maxima, then
+/// exponentials and sums), sixteen scores per step, the last one masked.
+///
+/// # Safety
+/// `s` is valid for `rows·n` reads and writes, `max`, `sum` and `rescale`
+/// for `rows`; AVX-512 F is present.
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_rows_avx512(
+    s: *mut f32,
+    rows: usize,
+    n: usize,
+    max: *mut f32,
+    sum: *mut f32,
+    rescale: *mut f32,
+) {
+    // SAFETY: every unmasked access is below `rows·n` (scores) or `rows`
+    // (state) by the loop bounds and the masks.
+    unsafe {
+        for r in 0..rows {
+            let row = s.add(r * n);
+            let old = *max.add(r);
+            let mut vm = _mm512_set1_ps(old);
+            let mut i = 0;
+            while i < n {
+                // Masked-off lanes keep the running max.
+                vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, mask(n - i), row.add(i)));
+                i += 16;
+            }
+            let m = _mm512_reduce_max_ps(vm);
+            // The old max's weight under the new one, with the same
+            // polynomial as the scores (exactly 1 when the max held).
+            *rescale.add(r) = if m > old {
+                _mm512_cvtss_f32(exp16(_mm512_set1_ps(old - m)))
+            } else {
+                1.0
+            };
+            *max.add(r) = m;
+        }
+        for r in 0..rows {
+            let row = s.add(r * n);
+            let mv = _mm512_set1_ps(*max.add(r));
+            let mut vs = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < n {
+                let k = mask(n - i);
+                let x = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row.add(i)), mv));
+                _mm512_mask_storeu_ps(row.add(i), k, x);
+                vs = _mm512_mask_add_ps(vs, k, vs, x);
+                i += 16;
+            }
+            *sum.add(r) = *sum.add(r) * *rescale.add(r) + _mm512_reduce_add_ps(vs);
+        }
+    }
+}
+
+fn exp(xs: &mut [f32]) {
+    let n = xs.len();
+    // SAFETY: reads and writes `n` elements of `xs`, in bounds; AVX-512 F
+    // is present.
+    unsafe { exp_avx512(xs.as_mut_ptr(), n) }
+}
+
+/// `e^x` for sixteen lanes: the AVX2 set's `exp8` (`x = n·ln2 + r`, Cephes'
+/// degree-6 polynomial for `e^r`, `2^n` built in the exponent bits), twice
+/// as wide.
+#[target_feature(enable = "avx512f")]
+fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.3)),
+        _mm512_set1_ps(88.7),
+    );
+    // Round toward −∞ (1), exceptions suppressed (8).
+    let n = _mm512_roundscale_ps::<0x09>(_mm512_fmadd_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+        _mm512_set1_ps(0.5),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_add_ps(
+        _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
+        _mm512_set1_ps(1.0),
+    );
+    let pow2n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    )));
+    _mm512_mul_ps(y, pow2n)
+}
+
+/// # Safety
+/// `xs` is valid for `n` reads and writes; AVX-512 F is present.
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_avx512(xs: *mut f32, n: usize) {
+    let mut i = 0;
+    while i < n {
+        let m = mask(n - i);
+        // SAFETY: the mask keeps every access below `n`.
+        unsafe {
+            let x = exp16(_mm512_maskz_loadu_ps(m, xs.add(i)));
+            _mm512_mask_storeu_ps(xs.add(i), m, x);
+        }
+        i += 16;
+    }
+}
+
+fn widen_f32(src: &[u8], dst: &mut [f32]) {
+    widen::<{ avx2::F32 }>(src, dst);
+}
+
+fn widen_f16(src: &[u8], dst: &mut [f32]) {
+    widen::<{ avx2::F16 }>(src, dst);
+}
+
+fn widen_bf16(src: &[u8], dst: &mut [f32]) {
+    widen::<{ avx2::BF16 }>(src, dst);
+}
+
+/// Widens `dst.len()` elements of encoding `E` (as many as `src` holds).
+fn widen<const E: u8>(src: &[u8], dst: &mut [f32]) {
+    let size = if E == avx2::F32 { 4 } else { 2 };
+    let n = dst.len().min(src.len() / size);
+    // SAFETY: reads `n` elements from `src`, writes `n` f32 to `dst`, in
+    // bounds; AVX-512 F, BW and VL are present.
+    unsafe { widen_avx512::<E>(src.as_ptr(), dst.as_mut_ptr(), n) }
+}
+
+/// # Safety
+/// `src` is valid for `n` elements of encoding `E`, `dst` for `n` f32
+/// writes; AVX-512 F, BW and VL are present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn widen_avx512<const E: u8>(src: *const u8, dst: *mut f32, n: usize) {
+    let mut i = 0;
+    while i < n {
+        let m = mask(n - i);
+        // SAFETY: the mask keeps every access below `n` elements.
+        unsafe { _mm512_mask_storeu_ps(dst.add(i), m, load16::<E>(src, i, m)) };
+        i += 16;
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    // SAFETY: reads `n` elements of each slice, in bounds; AVX-512 F is
+    // present.
+    unsafe { dot_avx512(a.as_ptr(), b.as_ptr(), n) }
+}
+
+/// # Safety
+/// `a` and `b` are valid for `n` reads; AVX-512 F is present.
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut s = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let m = mask(n - i);
+        // SAFETY: the mask keeps every access below `n`.
+        unsafe {
+            s = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(m, a.add(i)),
+                _mm512_maskz_loadu_ps(m, b.add(i)),
+                s,
+            );
+        }
+        i += 16;
+    }
+    _mm512_reduce_add_ps(s)
+}
+
+fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
+    let n = acc.len().min(x.len());
+    // SAFETY: reads `n` of `x`, reads and writes `n` of `acc`, in bounds;
+    // AVX-512 F is present.
+    unsafe { axpy_avx512(acc.as_mut_ptr(), w, x.as_ptr(), n) }
+}
+
+/// # Safety
+/// `acc` is valid for `n` reads and writes, `x` for `n` reads, and they do
+/// not overlap; AVX-512 F is present.
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_avx512(acc: *mut f32, w: f32, x: *const f32, n: usize) {
+    let wv = _mm512_set1_ps(w);
+    let mut i = 0;
+    while i < n {
+        let m = mask(n - i);
+        // SAFETY: the mask keeps every access below `n`.
+        unsafe {
+            let y = _mm512_fmadd_ps(
+                wv,
+                _mm512_maskz_loadu_ps(m, x.add(i)),
+                _mm512_maskz_loadu_ps(m, acc.add(i)),
+            );
+            _mm512_mask_storeu_ps(acc.add(i), m, y);
+        }
+        i += 16;
+    }
+}
