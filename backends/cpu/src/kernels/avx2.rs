@@ -1,12 +1,12 @@
 //! x86-64 kernels with AVX2, FMA and F16C: eight f32 lanes per instruction.
 //! Like every kernel file, it holds its instruction set's `unsafe`; its
-//! shape checks, byte view and prefetch schedule also serve `avx512.rs`.
+//! byte view, prefetch schedule and four-row sum also serve `avx512.rs`.
 
 use std::arch::x86_64::*;
 
 use kvslice_core::KvDtype;
 
-use super::{Kernels, StoredKernels, scalar};
+use super::{Kernels, StoredKernels, scalar, shapes};
 
 /// The AVX2 table, if the CPU has AVX2, FMA and F16C.
 pub(super) fn kernels() -> Option<Kernels> {
@@ -30,14 +30,6 @@ pub(super) fn kernels() -> Option<Kernels> {
         }),
         prefetch,
     })
-}
-
-/// Whether a slice of `len` elements holds the product of `dims` (false if
-/// the product overflows, so a wrapped product can never pass a check).
-pub(super) fn holds(len: usize, dims: &[usize]) -> bool {
-    dims.iter()
-        .try_fold(1usize, |a, &b| a.checked_mul(b))
-        .is_some_and(|need| len >= need)
 }
 
 // The safe wrappers below are reachable only through the table `kernels()`
@@ -136,17 +128,11 @@ fn scores_stored(
     out: &mut [f32],
     ahead: &[u8],
 ) {
-    let d = q.len() / rows.max(1);
-    assert!(
-        holds(k.len(), &[n, d, dtype.size_bytes()])
-            && holds(out.len(), &[rows, n])
-            && holds(q.len(), &[rows, d]),
-        "scores: shapes"
-    );
+    let d = shapes::scores_width(q.len(), rows, k.len(), dtype.size_bytes(), n, out.len());
     let ahead = Ahead::new(ahead, n.div_ceil(2));
     let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
-    // SAFETY: the assert bounds every access made below (`k` holds `n·d`
-    // elements of `dtype`); AVX2, FMA and F16C are present.
+    // SAFETY: the shape check above bounds every access made below (`k` holds
+    // `n·d` elements of `dtype`); AVX2, FMA and F16C are present.
     unsafe {
         match dtype {
             KvDtype::F32 => scores_avx2::<F32>(q, rows, k, n, d, out, ahead),
@@ -169,17 +155,11 @@ fn weighted_sum_stored(
     acc: &mut [f32],
     ahead: &[u8],
 ) {
-    let d = acc.len() / rows.max(1);
-    assert!(
-        holds(p.len(), &[rows, n])
-            && holds(v.len(), &[n, d, dtype.size_bytes()])
-            && holds(acc.len(), &[rows, d]),
-        "weighted_sum: shapes"
-    );
+    let d = shapes::weighted_sum_width(p.len(), rows, v.len(), dtype.size_bytes(), n, acc.len());
     let ahead = Ahead::new(ahead, d.div_ceil(16));
     let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: the assert bounds every access made below (`v` holds `n·d`
-    // elements of `dtype`); AVX2, FMA and F16C are present.
+    // SAFETY: the shape check above bounds every access made below (`v` holds
+    // `n·d` elements of `dtype`); AVX2, FMA and F16C are present.
     unsafe {
         match dtype {
             KvDtype::F32 => weighted_sum_avx2::<F32>(p, rows, v, n, d, acc, ahead),
@@ -429,10 +409,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
 
 fn softmax_rows(s: &mut [f32], n: usize, max: &mut [f32], sum: &mut [f32], rescale: &mut [f32]) {
     let rows = max.len();
-    assert!(
-        holds(s.len(), &[rows, n]) && sum.len() >= rows && rescale.len() >= rows,
-        "softmax_rows: shapes"
-    );
+    shapes::check_softmax(s.len(), rows, n, sum.len(), rescale.len());
     // SAFETY: `s` holds `rows·n` elements, and `max`, `sum` and `rescale`
     // `rows`, checked above; AVX2 and FMA are present.
     unsafe {

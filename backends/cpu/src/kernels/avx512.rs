@@ -1,8 +1,8 @@
 //! x86-64 kernels with AVX-512 (F, BW, VL): sixteen f32 lanes per
 //! instruction, and masked loads and stores for row tails instead of
 //! scalar loops. Every AVX-512 CPU also has AVX2, FMA and F16C, so the
-//! shape checks, the byte view of f32 rows, the prefetch schedule and the
-//! four-row horizontal sum are [`super::avx2`]'s.
+//! byte view of f32 rows, the prefetch schedule and the four-row
+//! horizontal sum are [`super::avx2`]'s.
 //!
 //! None of the machines this project builds on has AVX-512: these kernels
 //! are tested under Bochs's AVX-512 emulation (`.ci/avx512-emulated.sh`),
@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 
 use kvslice_core::KvDtype;
 
-use super::avx2::{self, Ahead, f32_bytes, holds, hsum4};
-use super::{Kernels, StoredKernels};
+use super::avx2::{self, Ahead, f32_bytes, hsum4};
+use super::{Kernels, StoredKernels, shapes};
 
 /// Name of this kernel set in reports and in `KVSLICE_REQUIRE_KERNELS`.
 pub(super) const NAME: &str = "avx512f+bw+vl";
@@ -58,8 +58,9 @@ fn mask(m: usize) -> __mmask16 {
 /// lanes outside `m` read nothing and are zero.
 ///
 /// # Safety
-/// `p` is valid for reads of the elements `i + l` for every lane `l` set
-/// in `m`; AVX-512 F, BW and VL are present.
+/// Element `i` is inside `p`'s allocation (or one past it), and `p` is
+/// valid for reads of the elements `i + l` for every lane `l` set in `m`;
+/// AVX-512 F, BW and VL are present.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn load16<const E: u8>(p: *const u8, i: usize, m: __mmask16) -> __m512 {
@@ -95,20 +96,14 @@ fn scores_stored(
     out: &mut [f32],
     ahead: &[u8],
 ) {
-    let d = q.len() / rows.max(1);
-    assert!(
-        holds(k.len(), &[n, d, dtype.size_bytes()])
-            && holds(out.len(), &[rows, n])
-            && holds(q.len(), &[rows, d]),
-        "scores: shapes"
-    );
+    let d = shapes::scores_width(q.len(), rows, k.len(), dtype.size_bytes(), n, out.len());
     let mut ahead = Ahead::new(ahead, n.div_ceil(2));
     let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
     let mut r = 0;
     while r < rows {
         let g = (rows - r).min(4);
-        // SAFETY: the assert bounds every access of rows `r..r + g` (`k`
-        // holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
+        // SAFETY: the shape check above bounds every access of rows `r..r + g`
+        // (`k` holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
         // FMA and F16C are present.
         unsafe {
             let (q, out) = (q.add(r * d), out.add(r * n));
@@ -221,20 +216,14 @@ fn weighted_sum_stored(
     acc: &mut [f32],
     ahead: &[u8],
 ) {
-    let d = acc.len() / rows.max(1);
-    assert!(
-        holds(p.len(), &[rows, n])
-            && holds(v.len(), &[n, d, dtype.size_bytes()])
-            && holds(acc.len(), &[rows, d]),
-        "weighted_sum: shapes"
-    );
+    let d = shapes::weighted_sum_width(p.len(), rows, v.len(), dtype.size_bytes(), n, acc.len());
     let mut ahead = Ahead::new(ahead, d.div_ceil(32));
     let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
     let mut r = 0;
     while r < rows {
         let g = (rows - r).min(4);
-        // SAFETY: the assert bounds every access of rows `r..r + g` (`v`
-        // holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
+        // SAFETY: the shape check above bounds every access of rows `r..r + g`
+        // (`v` holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
         // FMA and F16C are present.
         unsafe {
             let (p, acc) = (p.add(r * n), acc.add(r * d));
@@ -306,11 +295,17 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
             let mut a1 = [_mm512_setzero_ps(); G];
             for i in 0..G {
                 a0[i] = _mm512_maskz_loadu_ps(m0, acc.add(i * d + c));
-                a1[i] = _mm512_maskz_loadu_ps(m1, acc.add(i * d + c1));
+                if wide {
+                    a1[i] = _mm512_maskz_loadu_ps(m1, acc.add(i * d + c1));
+                }
             }
             for j in 0..n {
                 let v0 = load16::<E>(v, j * d + c, m0);
-                let v1 = load16::<E>(v, j * d + c1, m1);
+                let v1 = if wide {
+                    load16::<E>(v, j * d + c1, m1)
+                } else {
+                    v0
+                };
                 for i in 0..G {
                     let w = _mm512_set1_ps(*p.add(i * n + j));
                     a0[i] = _mm512_fmadd_ps(w, v0, a0[i]);
@@ -332,10 +327,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
 
 fn softmax_rows(s: &mut [f32], n: usize, max: &mut [f32], sum: &mut [f32], rescale: &mut [f32]) {
     let rows = max.len();
-    assert!(
-        holds(s.len(), &[rows, n]) && sum.len() >= rows && rescale.len() >= rows,
-        "softmax_rows: shapes"
-    );
+    shapes::check_softmax(s.len(), rows, n, sum.len(), rescale.len());
     // SAFETY: `s` holds `rows·n` elements, and `max`, `sum` and `rescale`
     // `rows`, checked above; AVX-512 F is present.
     unsafe {

@@ -11,6 +11,7 @@ mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod scalar;
+mod shapes;
 
 use kvslice_core::KvDtype;
 

@@ -4,7 +4,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{Kernels, scalar};
+use super::{Kernels, scalar, shapes};
 
 /// The NEON table (every aarch64 CPU has NEON; checked anyway).
 pub(super) fn kernels() -> Option<Kernels> {
@@ -67,22 +67,14 @@ fn exp(xs: &mut [f32]) {
 }
 
 fn scores(q: &[f32], rows: usize, k: &[f32], n: usize, out: &mut [f32], _ahead: &[u8]) {
-    let d = q.len() / rows.max(1);
-    assert!(
-        k.len() >= n * d && out.len() >= rows * n && q.len() >= rows * d,
-        "scores: shapes"
-    );
-    // SAFETY: the assert bounds every access made below.
+    let d = shapes::scores_width(q.len(), rows, k.len(), 1, n, out.len());
+    // SAFETY: the shape check above bounds every access made below.
     unsafe { scores_neon(q.as_ptr(), rows, k.as_ptr(), n, d, out.as_mut_ptr()) }
 }
 
 fn weighted_sum(p: &[f32], rows: usize, v: &[f32], n: usize, acc: &mut [f32], _ahead: &[u8]) {
-    let d = acc.len() / rows.max(1);
-    assert!(
-        p.len() >= rows * n && v.len() >= n * d && acc.len() >= rows * d,
-        "weighted_sum: shapes"
-    );
-    // SAFETY: the assert bounds every access made below.
+    let d = shapes::weighted_sum_width(p.len(), rows, v.len(), 1, n, acc.len());
+    // SAFETY: the shape check above bounds every access made below.
     unsafe { weighted_sum_neon(p.as_ptr(), rows, v.as_ptr(), n, d, acc.as_mut_ptr()) }
 }
 

@@ -2,7 +2,7 @@
 
 use kvslice_core::{bf16, f16};
 
-use super::Kernels;
+use super::{Kernels, shapes};
 
 pub(super) fn kernels() -> Kernels {
     Kernels {
@@ -73,6 +73,9 @@ pub(super) fn softmax_rows(
     sum: &mut [f32],
     rescale: &mut [f32],
 ) {
+    // The same contract as the SIMD sets: short buffers are a bug, not rows
+    // to skip.
+    shapes::check_softmax(s.len(), max.len(), n, sum.len(), rescale.len());
     for (r, row) in s.chunks_exact_mut(n.max(1)).take(max.len()).enumerate() {
         let m = row.iter().copied().fold(max[r], f32::max);
         rescale[r] = if m > max[r] { (max[r] - m).exp() } else { 1.0 };

@@ -1,0 +1,89 @@
+//! The shape checks every instruction set's safe wrappers make before
+//! their unsafe loops, stated once. Products are checked, so a product
+//! that would overflow fails the check instead of wrapping past it.
+
+/// Whether a slice of `len` elements holds the product of `dims` (false if
+/// the product overflows).
+fn holds(len: usize, dims: &[usize]) -> bool {
+    dims.iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .is_some_and(|need| len >= need)
+}
+
+/// The row width `d` of a scores call over `rows` query rows (`q` elements
+/// in all) against `n` keys of `k` units (bytes, or 1 per f32) in `k_len`,
+/// writing `rows·n` scores into `out_len`.
+///
+/// # Panics
+/// If any buffer is too short for those shapes.
+pub(super) fn scores_width(
+    q_len: usize,
+    rows: usize,
+    k_len: usize,
+    k_unit: usize,
+    n: usize,
+    out_len: usize,
+) -> usize {
+    let d = q_len / rows.max(1);
+    assert!(
+        holds(k_len, &[n, d, k_unit]) && holds(out_len, &[rows, n]) && holds(q_len, &[rows, d]),
+        "scores: shapes"
+    );
+    d
+}
+
+/// The row width `d` of a weighted sum of `n` value rows (`v_len` in units
+/// of `v_unit` each) into `rows` accumulators (`acc_len` elements) with
+/// `rows·n` weights in `p_len`.
+///
+/// # Panics
+/// If any buffer is too short for those shapes.
+pub(super) fn weighted_sum_width(
+    p_len: usize,
+    rows: usize,
+    v_len: usize,
+    v_unit: usize,
+    n: usize,
+    acc_len: usize,
+) -> usize {
+    let d = acc_len / rows.max(1);
+    assert!(
+        holds(p_len, &[rows, n]) && holds(v_len, &[n, d, v_unit]) && holds(acc_len, &[rows, d]),
+        "weighted_sum: shapes"
+    );
+    d
+}
+
+/// Checks a softmax block of `rows` rows of `n` scores (`s_len`) with
+/// `sum_len` sums and `rescale_len` factors.
+///
+/// # Panics
+/// If any buffer is too short for those shapes.
+pub(super) fn check_softmax(
+    s_len: usize,
+    rows: usize,
+    n: usize,
+    sum_len: usize,
+    rescale_len: usize,
+) {
+    assert!(
+        holds(s_len, &[rows, n]) && sum_len >= rows && rescale_len >= rows,
+        "softmax_rows: shapes"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn products_that_overflow_fail_the_check() {
+        assert!(holds(12, &[3, 4]) && !holds(11, &[3, 4]));
+        assert!(!holds(usize::MAX, &[usize::MAX, 2]));
+        assert_eq!(scores_width(8, 2, 24, 2, 3, 6), 4);
+        // No rows: only `n·d·2` (which wraps to 0) stands between this call
+        // and a pass.
+        let wrapped = std::panic::catch_unwind(|| scores_width(2, 0, 0, 2, usize::MAX / 2 + 1, 0));
+        assert!(wrapped.is_err(), "a wrapped n·d must not pass");
+    }
+}
