@@ -19,7 +19,7 @@ use kvslice_benches::decode_workload::{
 };
 use kvslice_core::testkit::Rng;
 use kvslice_core::{AttentionBatch, AttentionEngine, PageBuf, PageId, SeqAttention};
-use kvslice_cpu::CpuEngine;
+use kvslice_cpu::{CpuEngine, Kernels};
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
 /// core: the memory read bandwidth the attention has to live within.
@@ -78,6 +78,28 @@ fn decode(c: &mut Criterion) {
                     .unwrap()
             })
         });
+        // Every other SIMD set this CPU runs (AVX2 on an AVX-512 machine),
+        // on the same work, so the sets are compared in one run.
+        for k in Kernels::supported()
+            .into_iter()
+            .filter(|k| k.name != engine.kernels().name && k.name != "scalar")
+        {
+            let other = CpuEngine::new().with_kernels(k);
+            g.bench_function(
+                BenchmarkId::new(format!("kvslice_cpu_{}", k.name), ctx),
+                |b| {
+                    b.iter(|| {
+                        other
+                            .attend(
+                                &pages,
+                                &AttentionBatch::new(0, 0, &seqs, &q, scale),
+                                &mut out,
+                            )
+                            .unwrap()
+                    })
+                },
+            );
+        }
         // The compute ceiling: the same work with every block table cycling
         // over its sequence's first two pages (1 MiB in all, cache-resident).
         let hot: Vec<Vec<PageId>> = tables
