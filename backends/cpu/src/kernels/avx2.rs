@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 
 use kvslice_core::KvDtype;
 
+use super::exp_consts::*;
 use super::{Kernels, StoredKernels, scalar, shapes};
 
 /// The AVX2 table, if the CPU has AVX2, FMA and F16C.
@@ -518,25 +519,19 @@ fn exp(xs: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 fn exp8(x: __m256) -> __m256 {
     let x = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
-        _mm256_set1_ps(88.7),
+        _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)),
+        _mm256_set1_ps(EXP_MAX),
     );
     let n = _mm256_floor_ps(_mm256_fmadd_ps(
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
         _mm256_set1_ps(0.5),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for c in &EXP_POLY[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
     }
     let y = _mm256_add_ps(
         _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),

@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 use kvslice_core::KvDtype;
 
 use super::avx2::{self, Ahead, f32_bytes, hsum4};
+use super::exp_consts::*;
 use super::{Kernels, StoredKernels, shapes};
 
 /// Name of this kernel set in reports and in `KVSLICE_REQUIRE_KERNELS`.
@@ -410,8 +411,8 @@ fn exp(xs: &mut [f32]) {
 #[target_feature(enable = "avx512f")]
 fn exp16(x: __m512) -> __m512 {
     let x = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(-87.3)),
-        _mm512_set1_ps(88.7),
+        _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
+        _mm512_set1_ps(EXP_MAX),
     );
     // Round toward −∞ (1), exceptions suppressed (8).
     let n = _mm512_roundscale_ps::<0x09>(_mm512_fmadd_ps(
@@ -419,17 +420,11 @@ fn exp16(x: __m512) -> __m512 {
         _mm512_set1_ps(std::f32::consts::LOG2_E),
         _mm512_set1_ps(0.5),
     ));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    for c in &EXP_POLY[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
     }
     let y = _mm512_add_ps(
         _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),

@@ -15,6 +15,26 @@ mod shapes;
 
 use kvslice_core::KvDtype;
 
+/// The constants of every SIMD `exp` (Cephes' `expf`): inputs are clamped
+/// to `[EXP_MIN, EXP_MAX]`, split as `x = n·ln2 + r` with ln2 in two parts
+/// (`EXP_LN2_HI + EXP_LN2_LO`) for precision, and `e^r` is
+/// `1 + r + r²·p(r)`, `p` evaluated by Horner from `EXP_POLY[0]`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod exp_consts {
+    pub const EXP_MIN: f32 = -87.3;
+    pub const EXP_MAX: f32 = 88.7;
+    pub const EXP_LN2_HI: f32 = 0.693_359_4;
+    pub const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+    pub const EXP_POLY: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+}
+
 /// [`Kernels::softmax_rows`]: `(scores, n, max, sum, rescale)`.
 pub type SoftmaxRowsFn = fn(&mut [f32], usize, &mut [f32], &mut [f32], &mut [f32]);
 /// [`Kernels::scores`]: `(q, rows, k, n, out, ahead)`.

@@ -4,6 +4,7 @@
 
 use std::arch::aarch64::*;
 
+use super::exp_consts::*;
 use super::{Kernels, scalar, shapes};
 
 /// The NEON table (every aarch64 CPU has NEON; checked anyway).
@@ -222,23 +223,17 @@ unsafe fn axpy_neon(acc: *mut f32, w: f32, x: *const f32, n: usize) {
 /// the AVX2 kernel.
 #[target_feature(enable = "neon")]
 fn exp4(x: float32x4_t) -> float32x4_t {
-    let x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3)), vdupq_n_f32(88.7));
+    let x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(EXP_MIN)), vdupq_n_f32(EXP_MAX));
     let n = vrndmq_f32(vfmaq_f32(
         vdupq_n_f32(0.5),
         x,
         vdupq_n_f32(std::f32::consts::LOG2_E),
     ));
-    let r = vfmsq_f32(x, n, vdupq_n_f32(0.693_359_4));
-    let r = vfmsq_f32(r, n, vdupq_n_f32(-2.121_944_4e-4));
-    let mut p = vdupq_n_f32(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
-        p = vfmaq_f32(vdupq_n_f32(c), p, r);
+    let r = vfmsq_f32(x, n, vdupq_n_f32(EXP_LN2_HI));
+    let r = vfmsq_f32(r, n, vdupq_n_f32(EXP_LN2_LO));
+    let mut p = vdupq_n_f32(EXP_POLY[0]);
+    for c in &EXP_POLY[1..] {
+        p = vfmaq_f32(vdupq_n_f32(*c), p, r);
     }
     let y = vaddq_f32(vfmaq_f32(r, vmulq_f32(p, r), r), vdupq_n_f32(1.0));
     let pow2n = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(
