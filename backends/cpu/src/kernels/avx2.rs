@@ -38,36 +38,52 @@ pub(super) fn kernels() -> Option<Kernels> {
 // invariant every `SAFETY` comment here relies on.
 
 fn prefetch(bytes: &[u8]) {
-    bytes.chunks(64).for_each(prefetch_line);
+    bytes.chunks(64).for_each(|line| prefetch_at(line.as_ptr()));
 }
 
-fn prefetch_line(line: &[u8]) {
+/// Prefetches the line holding `at` (callers pass addresses inside a
+/// slice they hold).
+fn prefetch_at(at: *const u8) {
     // SAFETY: a prefetch is a hint with no architectural effect; it never
-    // faults, and the address is inside `line` anyway. SSE is part of
-    // x86-64.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+    // faults, whatever the address. SSE is part of x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
 }
 
-/// The cache lines of `ahead`, prefetched in `steps` bursts of equal size
-/// spread over a kernel's loop, so that the next page arrives while this
-/// one is computed without filling every line-fill buffer at once.
+/// The cache lines of `ahead`, prefetched in bursts of equal size spread
+/// over a kernel's loop of `steps` steps, so that the next page arrives
+/// while this one is computed without filling every line-fill buffer at
+/// once. A step costs a compare when nothing is left: kernels call it
+/// every iteration, so it walks addresses instead of slice iterators.
 pub(super) struct Ahead<'a> {
-    lines: std::slice::Chunks<'a, u8>,
-    per_step: usize,
+    next: *const u8,
+    end: *const u8,
+    /// Bytes per burst, whole lines.
+    burst: usize,
+    span: std::marker::PhantomData<&'a [u8]>,
 }
 
 impl<'a> Ahead<'a> {
     pub(super) fn new(ahead: &'a [u8], steps: usize) -> Self {
-        let lines = ahead.chunks(64);
-        let per_step = lines.len().div_ceil(steps.max(1));
-        Self { lines, per_step }
+        // Bursts for a power-of-two number of steps at most `steps` (a
+        // shift, not a division, on every kernel call): every line is
+        // prefetched by then.
+        let shift = usize::BITS - 1 - steps.max(1).leading_zeros();
+        let lines = ahead.len().div_ceil(64);
+        let range = ahead.as_ptr_range();
+        Self {
+            next: range.start,
+            end: range.end,
+            burst: (lines + (1 << shift) - 1) >> shift << 6,
+            span: std::marker::PhantomData,
+        }
     }
 
     pub(super) fn step(&mut self) {
-        self.lines
-            .by_ref()
-            .take(self.per_step)
-            .for_each(prefetch_line);
+        let stop = self.end.min(self.next.wrapping_add(self.burst));
+        while self.next < stop {
+            prefetch_at(self.next);
+            self.next = self.next.wrapping_add(64);
+        }
     }
 }
 
@@ -299,9 +315,22 @@ unsafe fn scores_group<const G: usize, const E: u8>(
                 }
                 c += 8;
             }
+            let (h0, h1) = (hsum4(a0), hsum4(a1));
+            if G == 4 && two && lanes == d {
+                // Decode's common case: the two keys' scores interleaved
+                // into each row's pair of slots, eight bytes at a time.
+                let lo = _mm_castps_si128(_mm_unpacklo_ps(h0, h1));
+                let hi = _mm_castps_si128(_mm_unpackhi_ps(h0, h1));
+                _mm_storel_epi64(out.add(j).cast(), lo);
+                _mm_storel_epi64(out.add(n + j).cast(), _mm_unpackhi_epi64(lo, lo));
+                _mm_storel_epi64(out.add(2 * n + j).cast(), hi);
+                _mm_storel_epi64(out.add(3 * n + j).cast(), _mm_unpackhi_epi64(hi, hi));
+                j += 2;
+                continue;
+            }
             let (mut s0, mut s1) = ([0f32; 4], [0f32; 4]);
-            _mm_storeu_ps(s0.as_mut_ptr(), hsum4(a0));
-            _mm_storeu_ps(s1.as_mut_ptr(), hsum4(a1));
+            _mm_storeu_ps(s0.as_mut_ptr(), h0);
+            _mm_storeu_ps(s1.as_mut_ptr(), h1);
             for i in 0..G {
                 *out.add(i * n + j) = s0[i] + tail(i, j);
                 if two {
@@ -456,6 +485,24 @@ unsafe fn softmax_rows_avx2(
     rescale: *mut f32,
 ) {
     let lanes = n / 8 * 8;
+    // Rows whose length is whole vectors go four at a time, with their
+    // horizontal reductions, rescale factors and sums done once per four.
+    let grouped = if lanes == n { rows / 4 * 4 } else { 0 };
+    // SAFETY: rows `0..grouped` are within `rows` and whole vectors long;
+    // the contract covers the rest.
+    unsafe {
+        let mut r = 0;
+        while r < grouped {
+            softmax_four_rows(s.add(r * n), n, max.add(r), sum.add(r), rescale.add(r));
+            r += 4;
+        }
+    }
+    let (s, rows) = (s.wrapping_add(grouped * n), rows - grouped);
+    let (max, sum, rescale) = (
+        max.wrapping_add(grouped),
+        sum.wrapping_add(grouped),
+        rescale.wrapping_add(grouped),
+    );
     // SAFETY: every access is below `rows·n` (scores) or `rows` (state) by
     // the loop bounds; a row's tail goes through a stack buffer padded with
     // the row's max, whose padding lanes are not summed.
@@ -504,6 +551,68 @@ unsafe fn softmax_rows_avx2(
             }
             *sum.add(r) = *sum.add(r) * *rescale.add(r) + total;
         }
+    }
+}
+
+/// Lane `i` of the result is the largest of `a[i]`'s eight lanes (the
+/// max counterpart of [`hsum4`]).
+#[target_feature(enable = "avx2")]
+fn hmax4(a: [__m256; 4]) -> __m128 {
+    let pairs = |x, y| {
+        _mm256_max_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(x, y),
+            _mm256_shuffle_ps::<0b11_01_11_01>(x, y),
+        )
+    };
+    let u = pairs(pairs(a[0], a[1]), pairs(a[2], a[3]));
+    _mm_max_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1))
+}
+
+/// [`softmax_rows_avx2`] for four rows of `n` scores, `n` a multiple of 8
+/// (decode's four query heads per kv head on a whole page).
+///
+/// # Safety
+/// `s` is valid for `4·n` reads and writes, `max`, `sum` and `rescale` for
+/// 4; `n % 8 == 0`; AVX2 and FMA are present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_four_rows(
+    s: *mut f32,
+    n: usize,
+    max: *mut f32,
+    sum: *mut f32,
+    rescale: *mut f32,
+) {
+    // SAFETY: row `i`'s vectors start at `i·n + c` with `c + 8 <= n`, and
+    // the state is read and written as four lanes, per the contract.
+    unsafe {
+        let old = _mm_loadu_ps(max);
+        let mut vm = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*max.add(i)));
+        let mut c = 0;
+        while c < n {
+            for (i, m) in vm.iter_mut().enumerate() {
+                *m = _mm256_max_ps(*m, _mm256_loadu_ps(s.add(i * n + c)));
+            }
+            c += 8;
+        }
+        let new = hmax4(vm);
+        _mm_storeu_ps(max, new);
+        // The old maxima's weights under the new ones, with the same
+        // polynomial as the scores: exactly 1 where a max held (e^0).
+        let factor = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
+        _mm_storeu_ps(rescale, factor);
+        let mut vs = [_mm256_setzero_ps(); 4];
+        let mv = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*max.add(i)));
+        let mut c = 0;
+        while c < n {
+            for i in 0..4 {
+                let at = s.add(i * n + c);
+                let x = exp8(_mm256_sub_ps(_mm256_loadu_ps(at), mv[i]));
+                _mm256_storeu_ps(at, x);
+                vs[i] = _mm256_add_ps(vs[i], x);
+            }
+            c += 8;
+        }
+        _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, hsum4(vs)));
     }
 }
 

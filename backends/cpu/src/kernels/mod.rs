@@ -299,20 +299,25 @@ mod tests {
     }
 
     /// One online-softmax block per kernel set against the definition, in
-    /// f64: rows whose max grows, holds, or starts from nothing, and widths
-    /// with tails.
+    /// f64: rows whose max grows, holds, or starts from nothing, widths
+    /// with tails, and row counts around the four-row groups some sets use.
     #[test]
     fn softmax_rows_follow_the_definition() {
         for k in all() {
-            for n in [1usize, 5, 8, 16, 19] {
-                let rows = 3;
+            for (n, rows) in [1usize, 5, 8, 16, 19]
+                .into_iter()
+                .flat_map(|n| [3usize, 4, 9].map(|rows| (n, rows)))
+            {
                 let s0: Vec<f32> = (0..rows * n)
                     .map(|i| (i as f32 * 0.91).sin() * 4.0)
                     .collect();
-                // Row 0 starts empty, row 1 below its new max, row 2 above.
-                let max0 = [f32::NEG_INFINITY, -1.0, 10.0];
-                let sum0 = [0.0f32, 2.5, 3.0];
-                let (mut s, mut max, mut sum, mut rescale) = (s0.clone(), max0, sum0, [0f32; 3]);
+                // Rows in turn: starting empty, below their new max, above.
+                let max0: Vec<f32> = (0..rows)
+                    .map(|r| [f32::NEG_INFINITY, -1.0, 10.0][r % 3])
+                    .collect();
+                let sum0: Vec<f32> = (0..rows).map(|r| [0.0, 2.5, 3.0][r % 3]).collect();
+                let (mut s, mut max, mut sum, mut rescale) =
+                    (s0.clone(), max0.clone(), sum0.clone(), vec![0f32; rows]);
                 (k.softmax_rows)(&mut s, n, &mut max, &mut sum, &mut rescale);
                 for r in 0..rows {
                     let row = &s0[r * n..(r + 1) * n];
@@ -327,7 +332,7 @@ mod tests {
                         "{} rescale",
                         k.name
                     );
-                    if r == 2 {
+                    if r % 3 == 2 {
                         assert_eq!(
                             rescale[r], 1.0,
                             "{}: a max that holds rescales by exactly 1",
