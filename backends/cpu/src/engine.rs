@@ -17,9 +17,11 @@ use crate::kernels::{Kernels, StoredKernels};
 /// every query head of the GQA group and every query token, with an online
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row
-/// sets widen them to f32 once per page. While a page is computed, the
-/// next page's K and V are prefetched, spread over the loops so that the
-/// line-fill buffers never all wait at once. Long contexts are cut into
+/// sets widen them to f32 once per page. A decode task takes every kv head
+/// of its pages, so each page is read in address order, head after head.
+/// While a head's K and V are computed, the next ones are prefetched,
+/// spread over the loops so that the line-fill buffers never all wait at
+/// once. Long contexts are cut into
 /// chunks of pages that threads compute independently; the partial
 /// `(max, sum, output)` triples are merged by log-sum-exp, as in vLLM's
 /// paged attention v2 and flash-decoding.
@@ -103,11 +105,15 @@ impl CpuEngine {
     }
 }
 
-/// One unit of work: a chunk of one sequence's pages for one kv head.
+/// One unit of work: a chunk of one sequence's pages for kv heads
+/// `kv_head..kv_head + heads`.
 #[derive(Debug, Clone, Copy)]
 struct Task {
     seq: usize,
     kv_head: u32,
+    /// One head, or (decode) every kv head, so that a page's K and V are
+    /// read in address order.
+    heads: u32,
     /// Token positions of the chunk.
     start: usize,
     end: usize,
@@ -155,26 +161,41 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         let shape = batch.validate(pages, out.len())?;
         let bt = shape.layout.block_tokens() as usize;
         let kv_heads = shape.shard.num_kv_heads();
+        let ratio = shape.layout.gqa_ratio() as usize;
         // Chunk size: enough chunks to keep every thread busy, but whole
         // pages and at least 256 tokens, so per-chunk overhead stays small.
         let total_tokens: usize =
             batch.seqs.iter().map(|s| s.kv_len).sum::<usize>() * kv_heads as usize;
-        let chunk = if self.chunk_pages > 0 {
-            self.chunk_pages * bt
-        } else {
-            let per_thread = total_tokens.div_ceil(self.threads * 4).max(256);
-            per_thread.div_ceil(bt) * bt
+        let per_thread = total_tokens.div_ceil(self.threads * 4).max(256);
+        let chunk = |heads: u32| {
+            if self.chunk_pages > 0 {
+                self.chunk_pages * bt
+            } else {
+                (per_thread / heads as usize).max(1).div_ceil(bt) * bt
+            }
         };
         let mut tasks = Vec::new();
         let mut q_base = 0;
         for (seq, s) in batch.seqs.iter().enumerate() {
-            for kv_head in 0..kv_heads {
+            // Decode-sized row groups take every kv head of a page in one
+            // task: the page's K heads, then its V heads, are read as the
+            // layout stores them, which the hardware streams better than
+            // one head's 4 KiB per page (docs/BENCHMARKS.md). Longer row
+            // sets keep one head per task, as their rows and accumulators
+            // for every head at once would not stay in cache.
+            let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS {
+                kv_heads
+            } else {
+                1
+            };
+            for kv_head in (0..kv_heads).step_by(heads as usize) {
                 let mut start = 0;
                 while start < s.kv_len {
-                    let end = (start + chunk).min(s.kv_len);
+                    let end = (start + chunk(heads)).min(s.kv_len);
                     tasks.push(Task {
                         seq,
                         kv_head,
+                        heads,
                         start,
                         end,
                         q_base,
@@ -184,8 +205,8 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             }
             q_base += s.q_len;
         }
-        let results: Vec<Mutex<Option<Partials>>> =
-            tasks.iter().map(|_| Mutex::new(None)).collect();
+        let results: Vec<Mutex<Vec<Partials>>> =
+            tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
         let next = AtomicUsize::new(0);
         let failure: Mutex<Option<Error>> = Mutex::new(None);
         let work = || {
@@ -194,7 +215,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
                 let i = next.fetch_add(1, Relaxed);
                 let Some(task) = tasks.get(i) else { break };
                 match self.run_task(pages, batch, &shape, task, &mut scratch) {
-                    Ok(p) => *results[i].lock().unwrap() = Some(p),
+                    Ok(p) => *results[i].lock().unwrap() = p,
                     Err(e) => {
                         *failure.lock().unwrap() = Some(e);
                         next.store(tasks.len(), Relaxed);
@@ -216,25 +237,34 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         if let Some(e) = failure.into_inner().unwrap() {
             return Err(e);
         }
-        // Merge chunks in order, per (sequence, kv head), into the output.
+        // Every (sequence, kv head)'s chunks, in order, merged into the
+        // output.
+        let mut parts: Vec<(usize, u32, usize, usize, Partials)> = tasks
+            .iter()
+            .zip(results)
+            .flat_map(|(t, r)| {
+                let p = r.into_inner().unwrap();
+                assert_eq!(p.len(), t.heads as usize, "every task ran");
+                (t.kv_head..)
+                    .zip(p)
+                    .map(|(h, p)| (t.seq, h, t.start, t.q_base, p))
+            })
+            .collect();
+        parts.sort_by_key(|&(seq, h, start, ..)| (seq, h, start));
         let hd = shape.layout.head_dim() as usize;
-        let ratio = shape.layout.gqa_ratio() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
-        let mut i = 0;
-        while i < tasks.len() {
-            let t = tasks[i];
-            let mut merged = results[i].lock().unwrap().take().expect("every task ran");
-            i += 1;
-            while i < tasks.len() && tasks[i].seq == t.seq && tasks[i].kv_head == t.kv_head {
-                let more = results[i].lock().unwrap().take().expect("every task ran");
+        let mut parts = parts.into_iter().peekable();
+        while let Some((seq, kv_head, _, q_base, mut merged)) = parts.next() {
+            while let Some((_, _, _, _, more)) =
+                parts.next_if(|&(s, h, ..)| (s, h) == (seq, kv_head))
+            {
                 merged.merge(&more, hd, &self.kernels);
-                i += 1;
             }
             for r in 0..merged.max.len() {
                 // Rows are (query token) × (query head in group).
                 let (tok, g) = (r / ratio, r % ratio);
-                let qh = t.kv_head as usize * ratio + g;
-                let at = (t.q_base + tok) * row + qh * hd;
+                let qh = kv_head as usize * ratio + g;
+                let at = (q_base + tok) * row + qh * hd;
                 let inv = 1.0 / merged.sum[r];
                 for (o, a) in out[at..at + hd]
                     .iter_mut()
@@ -255,16 +285,26 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
 /// Per-thread buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
-    q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     scores: Vec<f32>,
     rescale: Vec<f32>,
 }
 
+/// One kv head's part of a task: its query rows (token-major, then head in
+/// group, pre-scaled), softmax state, and where its K and V sit in a page
+/// (bytes).
+struct HeadWork {
+    q: Vec<f32>,
+    part: Partials,
+    k: std::ops::Range<usize>,
+    v: std::ops::Range<usize>,
+}
+
 impl CpuEngine {
-    /// Computes one chunk: for every query head of the kv head's group and
-    /// every query token, the partial softmax state over the chunk's keys.
+    /// Computes one chunk: for every query head of each of the task's kv
+    /// heads' groups and every query token, the partial softmax state over
+    /// the chunk's keys (one [`Partials`] per kv head).
     fn run_task<P: PageMemory + ?Sized>(
         &self,
         pages: &P,
@@ -272,34 +312,37 @@ impl CpuEngine {
         shape: &BatchShape,
         t: &Task,
         scratch: &mut Scratch,
-    ) -> Result<Partials> {
+    ) -> Result<Vec<Partials>> {
         let k = &self.kernels;
         let layout = &shape.layout;
         let (hd, bt) = (layout.head_dim() as usize, layout.block_tokens() as usize);
-        let dtype = layout.dtype();
-        let es = dtype.size_bytes();
+        let es = layout.dtype().size_bytes();
         let ratio = layout.gqa_ratio() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
         let seq = &batch.seqs[t.seq];
-        let q_len = seq.q_len;
-        let rows = ratio * q_len;
-        // The group's query rows, token-major then head in group, pre-scaled.
-        // Token-major puts the rows a causal block can see in one suffix.
-        scratch.q.clear();
-        for r in 0..rows {
-            let (tok, g) = (r / ratio, r % ratio);
-            let at = (t.q_base + tok) * row + (t.kv_head as usize * ratio + g) * hd;
-            scratch
-                .q
-                .extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
+        let rows = ratio * seq.q_len;
+        let mut heads = Vec::with_capacity(t.heads as usize);
+        for kv_head in t.kv_head..t.kv_head + t.heads {
+            // Token-major puts the rows a causal block can see in one suffix.
+            let mut q = Vec::with_capacity(rows * hd);
+            for r in 0..rows {
+                let (tok, g) = (r / ratio, r % ratio);
+                let at = (t.q_base + tok) * row + (kv_head as usize * ratio + g) * hd;
+                q.extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
+            }
+            let bytes = |r: std::ops::Range<usize>| r.start * es..r.end * es;
+            heads.push(HeadWork {
+                q,
+                part: Partials::new(rows, hd),
+                k: bytes(layout.head_region(KvPart::K, shape.layer_in_group, kv_head)?),
+                v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
+            });
         }
-        let mut part = Partials::new(rows, hd);
-        let k_region = layout.head_region(KvPart::K, shape.layer_in_group, t.kv_head)?;
-        let v_region = layout.head_region(KvPart::V, shape.layer_in_group, t.kv_head)?;
         scratch.k.resize(bt * hd, 0.0);
         scratch.v.resize(bt * hd, 0.0);
         scratch.scores.resize(rows * bt, 0.0);
         scratch.rescale.resize(rows, 1.0);
+        let (first_k, first_v) = (heads[0].k.clone(), heads[0].v.clone());
         let mut pos = t.start;
         // Each page is looked up once: as the prefetch target, then used.
         let mut page = pages.page(seq.block_table[pos / bt])?;
@@ -309,96 +352,143 @@ impl CpuEngine {
             let upto = (t.end - block * bt).min(bt);
             let n = upto - from;
             let this = page;
-            // The next page's K and V are prefetched while this page is
-            // computed, spread over the score and value loops.
-            let (mut k_ahead, mut v_ahead): (&[u8], &[u8]) = (&[], &[]);
-            if (block + 1) * bt < t.end {
-                page = pages.page(seq.block_table[block + 1])?;
-                k_ahead = &page[k_region.start * es..k_region.end * es];
-                v_ahead = &page[v_region.start * es..v_region.end * es];
+            let next = if (block + 1) * bt < t.end {
                 // And the first line of the page after, which starts the L2
-                // streamer there early (a small gain at 8k; docs/BENCHMARKS.md).
+                // streamer there early (a small gain at 8k with one-head
+                // tasks, none measured with decode's all-head tasks;
+                // docs/BENCHMARKS.md).
                 if (block + 2) * bt < t.end {
                     let far = pages.page(seq.block_table[block + 2])?;
-                    let first_line = |r: &std::ops::Range<usize>| {
-                        r.start * es..(r.start * es + 64).min(r.end * es)
-                    };
-                    (k.prefetch)(&far[first_line(&k_region)]);
-                    (k.prefetch)(&far[first_line(&v_region)]);
+                    (k.prefetch)(&far[first_k.start..(first_k.start + 64).min(first_k.end)]);
+                    (k.prefetch)(&far[first_v.start..(first_v.start + 64).min(first_v.end)]);
                 }
-            }
-            // Causal, bottom-right aligned: token `tok` sees keys
-            // 0..=kv_len - q_len + tok, so tokens before `first_tok` see
-            // nothing in this block.
-            let first_tok = (pos + q_len).saturating_sub(seq.kv_len);
-            if first_tok >= q_len {
-                pos += n;
-                continue;
-            }
-            let kb = &this[(k_region.start + from * hd) * es..(k_region.start + upto * hd) * es];
-            let vb = &this[(v_region.start + from * hd) * es..(v_region.start + upto * hd) * es];
-            let first = first_tok * ratio;
-            let live = rows - first;
-            let scores = &mut scratch.scores[..live * n];
-            let q = &scratch.q[first * hd..];
-            // Up to one register group of rows (GQA decode) reads K and V
-            // as stored; more rows widen them once for all row groups.
-            let stored = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS);
-            if let Some(sk) = stored {
-                (sk.scores)(dtype, q, live, kb, n, scores, k_ahead);
+                Some(pages.page(seq.block_table[block + 1])?)
             } else {
-                k.widen(dtype, kb, &mut scratch.k[..n * hd]);
-                (k.scores)(q, live, &scratch.k[..n * hd], n, scores, k_ahead);
-            }
-            // Row `r` sees a prefix of the block under the causal mask; rows
-            // are token-major, so those that see all of it are a suffix
-            // (every row in decode): one softmax call for them, one per row
-            // on the diagonal, where the hidden scores get weight 0.
-            let rescale = &mut scratch.rescale[..live];
-            let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
-            let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
-            for r in first..full {
-                let (i, seen) = (r - first, visible(r));
-                let s = &mut scores[i * n..(i + 1) * n];
-                rescale[i] = 1.0;
-                if seen > 0 {
-                    (k.softmax_rows)(
-                        &mut s[..seen],
-                        seen,
-                        &mut part.max[r..=r],
-                        &mut part.sum[r..=r],
-                        &mut rescale[i..=i],
-                    );
-                }
-                s[seen..].fill(0.0);
-            }
-            if full < rows {
-                (k.softmax_rows)(
-                    &mut scores[(full - first) * n..],
+                None
+            };
+            for i in 0..heads.len() {
+                // The K and V computed next are prefetched while these are:
+                // the next head's in this page, or the first head's in the
+                // next page.
+                let (k_ahead, v_ahead): (&[u8], &[u8]) = match (heads.get(i + 1), next) {
+                    (Some(h), _) => (&this[h.k.clone()], &this[h.v.clone()]),
+                    (None, Some(np)) => (&np[first_k.clone()], &np[first_v.clone()]),
+                    (None, None) => (&[], &[]),
+                };
+                let h = &mut heads[i];
+                let (kb, vb) = (&this[h.k.clone()], &this[h.v.clone()]);
+                let block_keys = Block {
+                    k: &kb[from * hd * es..upto * hd * es],
+                    v: &vb[from * hd * es..upto * hd * es],
+                    k_ahead,
+                    v_ahead,
+                    pos,
                     n,
-                    &mut part.max[full..],
-                    &mut part.sum[full..],
-                    &mut rescale[full - first..],
-                );
+                };
+                self.attend_block(layout, seq, &h.q, &mut h.part, &block_keys, scratch);
             }
-            for (r, &c) in (first..rows).zip(rescale.iter()) {
-                if c != 1.0 {
-                    part.acc[r * hd..(r + 1) * hd]
-                        .iter_mut()
-                        .for_each(|x| *x *= c);
-                }
-            }
-            let acc = &mut part.acc[first * hd..];
-            if let Some(sk) = stored {
-                (sk.weighted_sum)(dtype, scores, live, vb, n, acc, v_ahead);
-            } else {
-                k.widen(dtype, vb, &mut scratch.v[..n * hd]);
-                (k.weighted_sum)(scores, live, &scratch.v[..n * hd], n, acc, v_ahead);
+            if let Some(np) = next {
+                page = np;
             }
             pos += n;
         }
-        Ok(part)
+        Ok(heads.into_iter().map(|h| h.part).collect())
     }
+
+    /// Folds one block of one kv head's keys into its rows' softmax state.
+    fn attend_block(
+        &self,
+        layout: &kvslice_core::KvLayout,
+        seq: &kvslice_core::SeqAttention<'_>,
+        q: &[f32],
+        part: &mut Partials,
+        b: &Block<'_>,
+        scratch: &mut Scratch,
+    ) {
+        let k = &self.kernels;
+        let hd = layout.head_dim() as usize;
+        let dtype = layout.dtype();
+        let ratio = layout.gqa_ratio() as usize;
+        let (q_len, rows, n, pos) = (seq.q_len, part.max.len(), b.n, b.pos);
+        // Causal, bottom-right aligned: token `tok` sees keys
+        // 0..=kv_len - q_len + tok, so tokens before `first_tok` see
+        // nothing in this block.
+        let first_tok = (pos + q_len).saturating_sub(seq.kv_len);
+        if first_tok >= q_len {
+            return;
+        }
+        let first = first_tok * ratio;
+        let live = rows - first;
+        let scores = &mut scratch.scores[..live * n];
+        let q = &q[first * hd..];
+        // Up to one register group of rows (GQA decode) reads K and V
+        // as stored; more rows widen them once for all row groups.
+        let stored = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS);
+        if let Some(sk) = stored {
+            (sk.scores)(dtype, q, live, b.k, n, scores, b.k_ahead);
+        } else {
+            k.widen(dtype, b.k, &mut scratch.k[..n * hd]);
+            (k.scores)(q, live, &scratch.k[..n * hd], n, scores, b.k_ahead);
+        }
+        // Row `r` sees a prefix of the block under the causal mask; rows
+        // are token-major, so those that see all of it are a suffix
+        // (every row in decode): one softmax call for them, one per row
+        // on the diagonal, where the hidden scores get weight 0.
+        let rescale = &mut scratch.rescale[..live];
+        let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
+        let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
+        for r in first..full {
+            let (i, seen) = (r - first, visible(r));
+            let s = &mut scores[i * n..(i + 1) * n];
+            rescale[i] = 1.0;
+            if seen > 0 {
+                (k.softmax_rows)(
+                    &mut s[..seen],
+                    seen,
+                    &mut part.max[r..=r],
+                    &mut part.sum[r..=r],
+                    &mut rescale[i..=i],
+                );
+            }
+            s[seen..].fill(0.0);
+        }
+        if full < rows {
+            (k.softmax_rows)(
+                &mut scores[(full - first) * n..],
+                n,
+                &mut part.max[full..],
+                &mut part.sum[full..],
+                &mut rescale[full - first..],
+            );
+        }
+        for (r, &c) in (first..rows).zip(rescale.iter()) {
+            if c != 1.0 {
+                part.acc[r * hd..(r + 1) * hd]
+                    .iter_mut()
+                    .for_each(|x| *x *= c);
+            }
+        }
+        let acc = &mut part.acc[first * hd..];
+        if let Some(sk) = stored {
+            (sk.weighted_sum)(dtype, scores, live, b.v, n, acc, b.v_ahead);
+        } else {
+            k.widen(dtype, b.v, &mut scratch.v[..n * hd]);
+            (k.weighted_sum)(scores, live, &scratch.v[..n * hd], n, acc, b.v_ahead);
+        }
+    }
+}
+
+/// One block of one kv head: its keys' K and V rows as stored, what to
+/// prefetch while they are computed, and where the block starts.
+struct Block<'a> {
+    k: &'a [u8],
+    v: &'a [u8],
+    k_ahead: &'a [u8],
+    v_ahead: &'a [u8],
+    /// Position of the first key.
+    pos: usize,
+    /// Keys in the block.
+    n: usize,
 }
 
 /// Keys of a block (starting at position `pos`, `n` long) that a query at

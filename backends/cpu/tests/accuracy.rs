@@ -41,6 +41,42 @@ fn required_kernels_are_detected() {
     }
 }
 
+/// Row groups of up to four (decode, and short speculative runs of 2–4
+/// query tokens) go through tasks that take every kv head of a page, with
+/// the causal diagonal inside them; the suite's workloads have no such
+/// multi-token runs, so this covers them, chunked and not.
+#[test]
+fn short_query_runs_over_every_head_agree() {
+    let mut rng = Rng::new(11);
+    // (q heads, kv heads, tokens per page, sequences as (kv_len, q_len))
+    let cases: [(u32, u32, u32, &[(usize, usize)]); 3] = [
+        (8, 4, 16, &[(300, 2), (33, 1), (2, 2)]),
+        (4, 4, 7, &[(100, 4), (5, 3), (64, 4)]),
+        (8, 2, 16, &[(129, 1), (16, 1)]),
+    ];
+    for (qh, kvh, bt, seqs) in cases {
+        let layout = KvLayout::new(LayoutSpec::new(1, qh, kvh, 32, bt, KvDtype::F16)).unwrap();
+        let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
+        let q = sc.random_queries(0, &mut rng).unwrap();
+        let table = sc.seq_attention(0, 0).unwrap();
+        let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
+        let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
+        for engine in [
+            CpuEngine::new(),
+            CpuEngine::new().with_threads(1),
+            CpuEngine::new().with_threads(3).with_chunk_pages(1),
+        ] {
+            let mut out = vec![f32::NAN; q.len()];
+            engine.attend(&sc.pages, &batch, &mut out).unwrap();
+            let err = max_rel_err(&out, &want);
+            assert!(
+                err < 1e-5,
+                "{qh}/{kvh} heads, {bt}-token pages, {engine:?}: {err:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn split_k_and_thread_counts_agree() {
     // One page per chunk forces many partials to be merged; one thread and
