@@ -49,7 +49,8 @@ fn required_kernels_are_detected() {
 fn short_query_runs_over_every_head_agree() {
     let mut rng = Rng::new(11);
     // (q heads, kv heads, tokens per page, sequences as (kv_len, q_len))
-    let cases: [(u32, u32, u32, &[(usize, usize)]); 3] = [
+    type Case = (u32, u32, u32, &'static [(usize, usize)]);
+    let cases: [Case; 3] = [
         (8, 4, 16, &[(300, 2), (33, 1), (2, 2)]),
         (4, 4, 7, &[(100, 4), (5, 3), (64, 4)]),
         (8, 2, 16, &[(129, 1), (16, 1)]),
