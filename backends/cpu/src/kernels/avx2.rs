@@ -50,7 +50,9 @@ fn prefetch_at(at: *const u8) {
 }
 
 /// The cache lines of `ahead`, prefetched in bursts of equal size spread
-/// over a kernel's loop of `steps` steps, so that the next page arrives
+/// over a kernel's loop: all of them within the first `steps` calls to
+/// [`Ahead::step`] (within a power of two of calls at most `steps`, so
+/// bursts are up to twice `lines / steps`), so that the next page arrives
 /// while this one is computed without filling every line-fill buffer at
 /// once. A step costs a compare when nothing is left: kernels call it
 /// every iteration, so it walks addresses instead of slice iterators.
@@ -65,13 +67,19 @@ pub(super) struct Ahead<'a> {
 impl<'a> Ahead<'a> {
     pub(super) fn new(ahead: &'a [u8], steps: usize) -> Self {
         // Bursts for a power-of-two number of steps at most `steps` (a
-        // shift, not a division, on every kernel call): every line is
-        // prefetched by then.
+        // shift, not a division, on every kernel call). The walk starts at
+        // the line holding the first byte, so a span that does not start
+        // on a line boundary still has its last line prefetched.
         let shift = usize::BITS - 1 - steps.max(1).leading_zeros();
-        let lines = ahead.len().div_ceil(64);
         let range = ahead.as_ptr_range();
+        let start = range.start.wrapping_sub(range.start as usize % 64);
+        let lines = if ahead.is_empty() {
+            0
+        } else {
+            (range.end as usize - start as usize).div_ceil(64)
+        };
         Self {
-            next: range.start,
+            next: start,
             end: range.end,
             burst: (lines + (1 << shift) - 1) >> shift << 6,
             span: std::marker::PhantomData,
@@ -173,7 +181,8 @@ fn weighted_sum_stored(
     ahead: &[u8],
 ) {
     let d = shapes::weighted_sum_width(p.len(), rows, v.len(), dtype.size_bytes(), n, acc.len());
-    let ahead = Ahead::new(ahead, d.div_ceil(16));
+    // One step per pass of sixteen (or a last eight) whole-vector columns.
+    let ahead = Ahead::new(ahead, (d / 8 * 8).div_ceil(16));
     let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
     // SAFETY: the shape check above bounds every access made below (`v` holds
     // `n·d` elements of `dtype`); AVX2, FMA and F16C are present.
@@ -469,8 +478,10 @@ fn hadd(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
 }
 
-/// [`Kernels::softmax_rows`] in two passes over all rows (maxima, then
-/// exponentials and sums), so that the rows' dependency chains overlap.
+/// [`Kernels::softmax_rows`]: rows of whole vectors four at a time
+/// ([`softmax_four_rows`]), the rest in two passes over all of them
+/// (maxima, then exponentials and sums), so that the rows' dependency
+/// chains overlap.
 ///
 /// # Safety
 /// `s` is valid for `rows·n` reads and writes, `max`, `sum` and `rescale`
@@ -487,7 +498,7 @@ unsafe fn softmax_rows_avx2(
     let lanes = n / 8 * 8;
     // Rows whose length is whole vectors go four at a time, with their
     // horizontal reductions, rescale factors and sums done once per four.
-    let grouped = if lanes == n { rows / 4 * 4 } else { 0 };
+    let grouped = if lanes == n && n > 0 { rows / 4 * 4 } else { 0 };
     // SAFETY: rows `0..grouped` are within `rows` and whole vectors long;
     // the contract covers the rest.
     unsafe {
@@ -568,12 +579,12 @@ fn hmax4(a: [__m256; 4]) -> __m128 {
     _mm_max_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1))
 }
 
-/// [`softmax_rows_avx2`] for four rows of `n` scores, `n` a multiple of 8
-/// (decode's four query heads per kv head on a whole page).
+/// [`softmax_rows_avx2`] for four rows of `n` scores, `n` a positive
+/// multiple of 8 (decode's four query heads per kv head on a whole page).
 ///
 /// # Safety
 /// `s` is valid for `4·n` reads and writes, `max`, `sum` and `rescale` for
-/// 4; `n % 8 == 0`; AVX2 and FMA are present.
+/// 4; `n % 8 == 0` and `n > 0`; AVX2 and FMA are present.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn softmax_four_rows(
     s: *mut f32,
@@ -597,8 +608,11 @@ unsafe fn softmax_four_rows(
         let new = hmax4(vm);
         _mm_storeu_ps(max, new);
         // The old maxima's weights under the new ones, with the same
-        // polynomial as the scores: exactly 1 where a max held (e^0).
-        let factor = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
+        // polynomial as the scores; exactly 1 where a max held, as in the
+        // one-row path (also for a row still at -inf).
+        let grew = _mm_cmp_ps::<_CMP_GT_OQ>(new, old);
+        let e = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
+        let factor = _mm_blendv_ps(_mm_set1_ps(1.0), e, grew);
         _mm_storeu_ps(rescale, factor);
         let mut vs = [_mm256_setzero_ps(); 4];
         let mv = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*max.add(i)));
