@@ -18,7 +18,8 @@ use crate::kernels::{Kernels, StoredKernels};
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row
 /// sets widen them to f32 once per page. A decode task takes every kv head
-/// of its pages, so each page is read in address order, head after head.
+/// of its pages, head after head, so a page's K heads and its V heads are
+/// read as two rising streams rather than one head's 4 KiB of each.
 /// While a head's K and V are computed, the next ones are prefetched,
 /// spread over the loops so that the line-fill buffers never all wait at
 /// once. Long contexts are cut into
@@ -111,8 +112,8 @@ impl CpuEngine {
 struct Task {
     seq: usize,
     kv_head: u32,
-    /// One head, or (decode) every kv head, so that a page's K and V are
-    /// read in address order.
+    /// One head, or (decode) every kv head, so that a page's K heads and
+    /// V heads are read as two rising streams.
     heads: u32,
     /// Token positions of the chunk.
     start: usize,
@@ -163,7 +164,8 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         let kv_heads = shape.shard.num_kv_heads();
         let ratio = shape.layout.gqa_ratio() as usize;
         // Chunk size: enough chunks to keep every thread busy, but whole
-        // pages and at least 256 tokens, so per-chunk overhead stays small.
+        // pages and at least 256 tokens × heads per task, so per-chunk
+        // overhead stays small.
         let total_tokens: usize =
             batch.seqs.iter().map(|s| s.kv_len).sum::<usize>() * kv_heads as usize;
         let per_thread = total_tokens.div_ceil(self.threads * 4).max(256);
@@ -178,9 +180,10 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         let mut q_base = 0;
         for (seq, s) in batch.seqs.iter().enumerate() {
             // Decode-sized row groups take every kv head of a page in one
-            // task: the page's K heads, then its V heads, are read as the
-            // layout stores them, which the hardware streams better than
-            // one head's 4 KiB per page (docs/BENCHMARKS.md). Longer row
+            // task: head after head, the page's K heads and its V heads
+            // are read as two rising streams, which the hardware streams
+            // better than one head's 4 KiB of each per page
+            // (docs/BENCHMARKS.md). Longer row
             // sets keep one head per task, as their rows and accumulators
             // for every head at once would not stay in cache.
             let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS {
@@ -285,17 +288,19 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
 /// Per-thread buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
+    /// Every head's query rows of a task, one after another.
+    q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     scores: Vec<f32>,
     rescale: Vec<f32>,
 }
 
-/// One kv head's part of a task: its query rows (token-major, then head in
-/// group, pre-scaled), softmax state, and where its K and V sit in a page
-/// (bytes).
+/// One kv head's part of a task: where its query rows (token-major, then
+/// head in group, pre-scaled) sit in [`Scratch::q`], its softmax state, and
+/// where its K and V sit in a page (bytes).
 struct HeadWork {
-    q: Vec<f32>,
+    q: std::ops::Range<usize>,
     part: Partials,
     k: std::ops::Range<usize>,
     v: std::ops::Range<usize>,
@@ -322,9 +327,12 @@ impl CpuEngine {
         let seq = &batch.seqs[t.seq];
         let rows = ratio * seq.q_len;
         let mut heads = Vec::with_capacity(t.heads as usize);
+        // Taken out of the scratch so that the blocks can borrow both.
+        let mut q = std::mem::take(&mut scratch.q);
+        q.clear();
         for kv_head in t.kv_head..t.kv_head + t.heads {
             // Token-major puts the rows a causal block can see in one suffix.
-            let mut q = Vec::with_capacity(rows * hd);
+            let first_row = q.len();
             for r in 0..rows {
                 let (tok, g) = (r / ratio, r % ratio);
                 let at = (t.q_base + tok) * row + (kv_head as usize * ratio + g) * hd;
@@ -332,7 +340,7 @@ impl CpuEngine {
             }
             let bytes = |r: std::ops::Range<usize>| r.start * es..r.end * es;
             heads.push(HeadWork {
-                q,
+                q: first_row..q.len(),
                 part: Partials::new(rows, hd),
                 k: bytes(layout.head_region(KvPart::K, shape.layer_in_group, kv_head)?),
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
@@ -385,13 +393,21 @@ impl CpuEngine {
                     pos,
                     n,
                 };
-                self.attend_block(layout, seq, &h.q, &mut h.part, &block_keys, scratch);
+                self.attend_block(
+                    layout,
+                    seq,
+                    &q[h.q.clone()],
+                    &mut h.part,
+                    &block_keys,
+                    scratch,
+                );
             }
             if let Some(np) = next {
                 page = np;
             }
             pos += n;
         }
+        scratch.q = q;
         Ok(heads.into_iter().map(|h| h.part).collect())
     }
 
