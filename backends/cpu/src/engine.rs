@@ -183,9 +183,9 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             // task: head after head, the page's K heads and its V heads
             // are read as two rising streams, which the hardware streams
             // better than one head's 4 KiB of each per page
-            // (docs/BENCHMARKS.md). Longer row
-            // sets keep one head per task, as their rows and accumulators
-            // for every head at once would not stay in cache.
+            // (docs/BENCHMARKS.md). Longer row sets keep one head per
+            // task, as their rows and accumulators for every head at once
+            // would not stay in cache.
             let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS {
                 kv_heads
             } else {
