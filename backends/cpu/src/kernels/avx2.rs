@@ -37,8 +37,10 @@ pub(super) fn kernels() -> Option<Kernels> {
 // returns, which exists only after the features were detected: that is the
 // invariant every `SAFETY` comment here relies on.
 
+/// Every line of `bytes` at once: the [`Ahead`] walk in one burst, so it
+/// covers the same lines (the first byte's line onward).
 fn prefetch(bytes: &[u8]) {
-    bytes.chunks(64).for_each(|line| prefetch_at(line.as_ptr()));
+    Ahead::new(bytes, 1).step();
 }
 
 /// Prefetches the line holding `at` (callers pass addresses inside a
