@@ -242,24 +242,23 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         }
         // Every (sequence, kv head)'s chunks, in order, merged into the
         // output.
-        let mut parts: Vec<(usize, u32, usize, usize, Partials)> = tasks
+        // (kv head, its task, its partials), by sequence, head, position.
+        let mut parts: Vec<(u32, &Task, Partials)> = tasks
             .iter()
             .zip(results)
             .flat_map(|(t, r)| {
                 let p = r.into_inner().unwrap();
                 assert_eq!(p.len(), t.heads as usize, "every task ran");
-                (t.kv_head..)
-                    .zip(p)
-                    .map(|(h, p)| (t.seq, h, t.start, t.q_base, p))
+                (t.kv_head..).zip(p).map(move |(h, p)| (h, t, p))
             })
             .collect();
-        parts.sort_by_key(|&(seq, h, start, ..)| (seq, h, start));
+        parts.sort_by_key(|&(h, t, _)| (t.seq, h, t.start));
         let hd = shape.layout.head_dim() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
         let mut parts = parts.into_iter().peekable();
-        while let Some((seq, kv_head, _, q_base, mut merged)) = parts.next() {
-            while let Some((_, _, _, _, more)) =
-                parts.next_if(|&(s, h, ..)| (s, h) == (seq, kv_head))
+        while let Some((kv_head, t, mut merged)) = parts.next() {
+            while let Some((_, _, more)) =
+                parts.next_if(|&(h, u, _)| (u.seq, h) == (t.seq, kv_head))
             {
                 merged.merge(&more, hd, &self.kernels);
             }
@@ -267,7 +266,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
                 // Rows are (query token) × (query head in group).
                 let (tok, g) = (r / ratio, r % ratio);
                 let qh = kv_head as usize * ratio + g;
-                let at = (q_base + tok) * row + qh * hd;
+                let at = (t.q_base + tok) * row + qh * hd;
                 let inv = 1.0 / merged.sum[r];
                 for (o, a) in out[at..at + hd]
                     .iter_mut()
