@@ -156,7 +156,13 @@ fn scores_stored(
     ahead: &[u8],
 ) {
     let d = shapes::scores_width(q.len(), rows, k.len(), dtype.size_bytes(), n, out.len());
-    let ahead = Ahead::new(ahead, n.div_ceil(2));
+    // One step per group of keys: threes for a four-row group, then pairs.
+    let steps = if rows >= 4 {
+        n.div_ceil(3)
+    } else {
+        n.div_ceil(2)
+    };
+    let ahead = Ahead::new(ahead, steps);
     let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
     // SAFETY: the shape check above bounds every access made below (`k` holds
     // `n·d` elements of `dtype`); AVX2, FMA and F16C are present.
@@ -308,8 +314,25 @@ unsafe fn scores_group<const G: usize, const E: u8>(
             }
             t
         };
-        // Two keys at a time: 2·G accumulators, 2 + G loads per 2·G FMAs.
         let mut j = 0;
+        // Four rows (GQA decode) take three keys at a time: twelve
+        // accumulators, three key and four query loads per twelve FMAs,
+        // which fills the sixteen registers without spilling and leaves
+        // fewer horizontal sums per key than pairs do.
+        if G == 4 {
+            // Threes up to where the rest splits into pairs (16 = 4·3 + 2·2).
+            let threes = if n % 3 == 1 && n > 3 {
+                n / 3 - 1
+            } else {
+                n / 3
+            };
+            while j < 3 * threes {
+                ahead.step();
+                scores_three_keys::<E>(q, k, n, d, out, j);
+                j += 3;
+            }
+        }
+        // Two keys at a time: 2·G accumulators, 2 + G loads per 2·G FMAs.
         while j < n {
             ahead.step();
             let two = j + 1 < n;
@@ -349,6 +372,76 @@ unsafe fn scores_group<const G: usize, const E: u8>(
                 }
             }
             j += 2;
+        }
+    }
+}
+
+/// Scores of four query rows against keys `j`, `j + 1` and `j + 2`:
+/// `out[i·n + j + x] = q[i]·k[j + x]`.
+///
+/// # Safety
+/// `q` is valid for `4·d` reads, `k` for `(j + 3)·d` elements of encoding
+/// `E`, `out` for writes at `i·n + j + x` (`i < 4`, `x < 3`); AVX2, FMA and
+/// F16C are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_three_keys<const E: u8>(
+    q: *const f32,
+    k: *const u8,
+    n: usize,
+    d: usize,
+    out: *mut f32,
+    j: usize,
+) {
+    // SAFETY: keys `j..j + 3` hold `3·d` elements, query rows `4·d`, and
+    // the writes are the contract's; AVX2, FMA and F16C are present.
+    unsafe {
+        let lanes = d / 8 * 8;
+        let mut a = [[_mm256_setzero_ps(); 4]; 3];
+        let mut c = 0;
+        while c < lanes {
+            let x = [
+                load8::<E>(k, j * d + c),
+                load8::<E>(k, (j + 1) * d + c),
+                load8::<E>(k, (j + 2) * d + c),
+            ];
+            for i in 0..4 {
+                let qv = _mm256_loadu_ps(q.add(i * d + c));
+                for (acc, key) in a.iter_mut().zip(x) {
+                    acc[i] = _mm256_fmadd_ps(qv, key, acc[i]);
+                }
+            }
+            c += 8;
+        }
+        // Lane `i` of `h[x]`: row `i`'s score against key `j + x`.
+        let h = a.map(|acc| hsum4(acc));
+        if lanes == d {
+            // The first two keys' scores go out as one pair per row.
+            let rows01 = _mm_castps_pd(_mm_unpacklo_ps(h[0], h[1]));
+            let rows23 = _mm_castps_pd(_mm_unpackhi_ps(h[0], h[1]));
+            _mm_storel_pd(out.add(j).cast(), rows01);
+            _mm_storeh_pd(out.add(n + j).cast(), rows01);
+            _mm_storel_pd(out.add(2 * n + j).cast(), rows23);
+            _mm_storeh_pd(out.add(3 * n + j).cast(), rows23);
+            let mut third = [0f32; 4];
+            _mm_storeu_ps(third.as_mut_ptr(), h[2]);
+            for (i, s) in third.into_iter().enumerate() {
+                *out.add(i * n + j + 2) = s;
+            }
+            return;
+        }
+        let mut sums = [[0f32; 4]; 3];
+        for (s, v) in sums.iter_mut().zip(h) {
+            _mm_storeu_ps(s.as_mut_ptr(), v);
+        }
+        for (x, s) in sums.iter().enumerate() {
+            for (i, &v) in s.iter().enumerate() {
+                let mut t = v;
+                for e in lanes..d {
+                    t += *q.add(i * d + e) * load1::<E>(k, (j + x) * d + e);
+                }
+                *out.add(i * n + j + x) = t;
+            }
         }
     }
 }
@@ -399,42 +492,23 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
     acc: *mut f32,
     ahead: &mut Ahead<'_>,
 ) {
-    // SAFETY: every offset below stays under `G·n` (weights), `n·d`
-    // (values) or `G·d` (accumulators) by the loop bounds, as the contract
+    // SAFETY: every column block below ends at or before `d / 8 * 8`, and
+    // the tail loop stays under `d`, so all offsets are under `G·n`
+    // (weights), `n·d` (values) or `G·d` (accumulators), as the contract
     // requires; AVX2 and FMA are present.
     unsafe {
         let lanes = d / 8 * 8;
+        // Sixteen columns at a time (G rows × two vectors of accumulators
+        // stay in registers across all `n` keys), then a last eight.
         let mut c = 0;
-        // Sixteen columns at a time: G rows × two vectors of accumulators
-        // stay in registers across all `n` keys.
-        while c < lanes {
+        while c + 16 <= lanes {
             ahead.step();
-            let wide = c + 16 <= lanes;
-            let c1 = if wide { c + 8 } else { c };
-            let mut a0 = [_mm256_setzero_ps(); G];
-            let mut a1 = [_mm256_setzero_ps(); G];
-            for i in 0..G {
-                a0[i] = _mm256_loadu_ps(acc.add(i * d + c));
-                a1[i] = _mm256_loadu_ps(acc.add(i * d + c1));
-            }
-            for j in 0..n {
-                let v0 = load8::<E>(v, j * d + c);
-                let v1 = load8::<E>(v, j * d + c1);
-                for i in 0..G {
-                    let w = _mm256_broadcast_ss(&*p.add(i * n + j));
-                    a0[i] = _mm256_fmadd_ps(w, v0, a0[i]);
-                    if wide {
-                        a1[i] = _mm256_fmadd_ps(w, v1, a1[i]);
-                    }
-                }
-            }
-            for i in 0..G {
-                _mm256_storeu_ps(acc.add(i * d + c), a0[i]);
-                if wide {
-                    _mm256_storeu_ps(acc.add(i * d + c1), a1[i]);
-                }
-            }
-            c += if wide { 16 } else { 8 };
+            weighted_sum_columns::<G, E, 2>(p, v, n, d, acc, c);
+            c += 16;
+        }
+        if c < lanes {
+            ahead.step();
+            weighted_sum_columns::<G, E, 1>(p, v, n, d, acc, c);
         }
         for i in 0..G {
             for e in lanes..d {
@@ -443,6 +517,49 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
                     t += *p.add(i * n + j) * load1::<E>(v, j * d + e);
                 }
                 *acc.add(i * d + e) += t;
+            }
+        }
+    }
+}
+
+/// [`weighted_sum_group`] over columns `c..c + 8·W`.
+///
+/// # Safety
+/// As [`weighted_sum_group`], with `c + 8·W <= d`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted_sum_columns<const G: usize, const E: u8, const W: usize>(
+    p: *const f32,
+    v: *const u8,
+    n: usize,
+    d: usize,
+    acc: *mut f32,
+    c: usize,
+) {
+    // SAFETY: columns `c..c + 8·W` are within every row of `v` and `acc`,
+    // and weights `i·n + j` within `G·n`, by the contract.
+    unsafe {
+        let mut a = [[_mm256_setzero_ps(); W]; G];
+        for (i, row) in a.iter_mut().enumerate() {
+            for (w, x) in row.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(acc.add(i * d + c + 8 * w));
+            }
+        }
+        for j in 0..n {
+            let mut x = [_mm256_setzero_ps(); W];
+            for (w, x) in x.iter_mut().enumerate() {
+                *x = load8::<E>(v, j * d + c + 8 * w);
+            }
+            for (i, row) in a.iter_mut().enumerate() {
+                let wv = _mm256_broadcast_ss(&*p.add(i * n + j));
+                for (acc, x) in row.iter_mut().zip(x) {
+                    *acc = _mm256_fmadd_ps(wv, x, *acc);
+                }
+            }
+        }
+        for (i, row) in a.iter().enumerate() {
+            for (w, x) in row.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(i * d + c + 8 * w), *x);
             }
         }
     }
