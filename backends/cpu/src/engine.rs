@@ -18,11 +18,11 @@ use crate::kernels::{Kernels, StoredKernels};
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row
 /// sets widen them to f32 once per page. A decode task takes every kv head
-/// of its pages, head after head, so a page's K heads and its V heads are
-/// read as two rising streams rather than one head's 4 KiB of each.
-/// While a head's K and V are computed, the next ones are prefetched,
-/// spread over the loops so that the line-fill buffers never all wait at
-/// once. Long contexts are cut into
+/// of its pages and reads each page in address order, every head's K and
+/// then every head's V, one rising stream rather than one head's 4 KiB of
+/// each. While a head's K (or V) is computed, the next region of the
+/// stream is prefetched, spread over the loops so that the line-fill
+/// buffers never all wait at once. Long contexts are cut into
 /// chunks of pages that threads compute independently; the partial
 /// `(max, sum, output)` triples are merged by log-sum-exp, as in vLLM's
 /// paged attention v2 and flash-decoding.
@@ -112,8 +112,8 @@ impl CpuEngine {
 struct Task {
     seq: usize,
     kv_head: u32,
-    /// One head, or (decode) every kv head, so that a page's K heads and
-    /// V heads are read as two rising streams.
+    /// One head, or (decode) every kv head, so that a page is read as one
+    /// rising stream.
     heads: u32,
     /// Token positions of the chunk.
     start: usize,
@@ -180,12 +180,11 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         let mut q_base = 0;
         for (seq, s) in batch.seqs.iter().enumerate() {
             // Decode-sized row groups take every kv head of a page in one
-            // task: head after head, the page's K heads and its V heads
-            // are read as two rising streams, which the hardware streams
-            // better than one head's 4 KiB of each per page
-            // (docs/BENCHMARKS.md). Longer row sets keep one head per
-            // task, as their rows and accumulators for every head at once
-            // would not stay in cache.
+            // task: every head's K, then every head's V, the page read in
+            // address order, which the hardware streams better than one
+            // head's 4 KiB of each per page (docs/BENCHMARKS.md). Longer
+            // row sets keep one head per task, as their rows and
+            // accumulators for every head at once would not stay in cache.
             let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS {
                 kv_heads
             } else {
@@ -291,7 +290,9 @@ struct Scratch {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    scores: Vec<f32>,
+    /// Each head's softmax weights of the current block (`rows × n`),
+    /// between its scores and its values.
+    weights: Vec<f32>,
     rescale: Vec<f32>,
 }
 
@@ -347,7 +348,7 @@ impl CpuEngine {
         }
         scratch.k.resize(bt * hd, 0.0);
         scratch.v.resize(bt * hd, 0.0);
-        scratch.scores.resize(rows * bt, 0.0);
+        scratch.weights.resize(heads.len() * rows * bt, 0.0);
         scratch.rescale.resize(rows, 1.0);
         let (first_k, first_v) = (heads[0].k.clone(), heads[0].v.clone());
         let mut pos = t.start;
@@ -373,33 +374,49 @@ impl CpuEngine {
             } else {
                 None
             };
-            for i in 0..heads.len() {
-                // The K and V computed next are prefetched while these are:
-                // the next head's in this page, or the first head's in the
-                // next page.
-                let (k_ahead, v_ahead): (&[u8], &[u8]) = match (heads.get(i + 1), next) {
-                    (Some(h), _) => (&this[h.k.clone()], &this[h.v.clone()]),
-                    (None, Some(np)) => (&np[first_k.clone()], &np[first_v.clone()]),
-                    (None, None) => (&[], &[]),
-                };
-                let h = &mut heads[i];
-                let (kb, vb) = (&this[h.k.clone()], &this[h.v.clone()]);
-                let block_keys = Block {
-                    k: &kb[from * hd * es..upto * hd * es],
-                    v: &vb[from * hd * es..upto * hd * es],
-                    k_ahead,
-                    v_ahead,
-                    pos,
-                    n,
-                };
-                self.attend_block(
-                    layout,
-                    seq,
-                    &q[h.q.clone()],
-                    &mut h.part,
-                    &block_keys,
-                    scratch,
-                );
+            // Causal, bottom-right aligned: token `tok` sees keys
+            // 0..=kv_len - q_len + tok, so rows (token-major) before
+            // `first` see nothing in this block, for every head alike.
+            let first_tok = (pos + seq.q_len).saturating_sub(seq.kv_len);
+            if first_tok < seq.q_len {
+                let first = first_tok * ratio;
+                let cut =
+                    |r: &std::ops::Range<usize>| r.start + from * hd * es..r.start + upto * hd * es;
+                // The page is read in address order, every head's K and then
+                // every head's V, one rising stream (docs/BENCHMARKS.md);
+                // each head's next region in that order is prefetched while
+                // it computes: the next head's K, the first head's V, the
+                // next head's V, the next page's first K.
+                for i in 0..heads.len() {
+                    let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k).clone();
+                    let h = &mut heads[i];
+                    let keys = Block {
+                        bytes: &this[cut(&h.k)],
+                        ahead: &this[ahead],
+                        slot: i,
+                        pos,
+                        n,
+                        first,
+                    };
+                    self.score_block(layout, seq, &q[h.q.clone()], &mut h.part, &keys, scratch);
+                }
+                for i in 0..heads.len() {
+                    let ahead: &[u8] = match (heads.get(i + 1), next) {
+                        (Some(h), _) => &this[h.v.clone()],
+                        (None, Some(np)) => &np[first_k.clone()],
+                        (None, None) => &[],
+                    };
+                    let h = &mut heads[i];
+                    let values = Block {
+                        bytes: &this[cut(&h.v)],
+                        ahead,
+                        slot: i,
+                        pos,
+                        n,
+                        first,
+                    };
+                    self.value_block(layout, &mut h.part, &values, scratch);
+                }
             }
             if let Some(np) = next {
                 page = np;
@@ -410,40 +427,36 @@ impl CpuEngine {
         Ok(heads.into_iter().map(|h| h.part).collect())
     }
 
-    /// Folds one block of one kv head's keys into its rows' softmax state.
-    fn attend_block(
+    /// Scores one block of a head's keys against its query rows from
+    /// `keys.first` on (those that see any of the block), folds them into
+    /// the rows' softmax state (rescaling their accumulators) and leaves the
+    /// weights in the head's slot of [`Scratch::weights`].
+    fn score_block(
         &self,
         layout: &kvslice_core::KvLayout,
         seq: &kvslice_core::SeqAttention<'_>,
         q: &[f32],
         part: &mut Partials,
-        b: &Block<'_>,
+        keys: &Block<'_>,
         scratch: &mut Scratch,
     ) {
         let k = &self.kernels;
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
         let ratio = layout.gqa_ratio() as usize;
-        let (q_len, rows, n, pos) = (seq.q_len, part.max.len(), b.n, b.pos);
-        // Causal, bottom-right aligned: token `tok` sees keys
-        // 0..=kv_len - q_len + tok, so tokens before `first_tok` see
-        // nothing in this block.
-        let first_tok = (pos + q_len).saturating_sub(seq.kv_len);
-        if first_tok >= q_len {
-            return;
-        }
-        let first = first_tok * ratio;
+        let bt = layout.block_tokens() as usize;
+        let (q_len, rows, n, pos, first) =
+            (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
-        let scores = &mut scratch.scores[..live * n];
+        let scores = &mut scratch.weights[keys.slot * rows * bt..][..live * n];
         let q = &q[first * hd..];
-        // Up to one register group of rows (GQA decode) reads K and V
-        // as stored; more rows widen them once for all row groups.
-        let stored = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS);
-        if let Some(sk) = stored {
-            (sk.scores)(dtype, q, live, b.k, n, scores, b.k_ahead);
+        // Up to one register group of rows (GQA decode) reads K as stored;
+        // more rows widen it once for all row groups.
+        if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+            (sk.scores)(dtype, q, live, keys.bytes, n, scores, keys.ahead);
         } else {
-            k.widen(dtype, b.k, &mut scratch.k[..n * hd]);
-            (k.scores)(q, live, &scratch.k[..n * hd], n, scores, b.k_ahead);
+            k.widen(dtype, keys.bytes, &mut scratch.k[..n * hd]);
+            (k.scores)(q, live, &scratch.k[..n * hd], n, scores, keys.ahead);
         }
         // Row `r` sees a prefix of the block under the causal mask; rows
         // are token-major, so those that see all of it are a suffix
@@ -483,27 +496,48 @@ impl CpuEngine {
                     .for_each(|x| *x *= c);
             }
         }
+    }
+
+    /// Adds one block of a head's values, weighted by what
+    /// [`Self::score_block`] left in its slot, to the accumulators of rows
+    /// `values.first..`.
+    fn value_block(
+        &self,
+        layout: &kvslice_core::KvLayout,
+        part: &mut Partials,
+        values: &Block<'_>,
+        scratch: &mut Scratch,
+    ) {
+        let k = &self.kernels;
+        let hd = layout.head_dim() as usize;
+        let dtype = layout.dtype();
+        let bt = layout.block_tokens() as usize;
+        let (rows, n, first) = (part.max.len(), values.n, values.first);
+        let live = rows - first;
+        let weights = &scratch.weights[values.slot * rows * bt..][..live * n];
         let acc = &mut part.acc[first * hd..];
-        if let Some(sk) = stored {
-            (sk.weighted_sum)(dtype, scores, live, b.v, n, acc, b.v_ahead);
+        if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+            (sk.weighted_sum)(dtype, weights, live, values.bytes, n, acc, values.ahead);
         } else {
-            k.widen(dtype, b.v, &mut scratch.v[..n * hd]);
-            (k.weighted_sum)(scores, live, &scratch.v[..n * hd], n, acc, b.v_ahead);
+            k.widen(dtype, values.bytes, &mut scratch.v[..n * hd]);
+            (k.weighted_sum)(weights, live, &scratch.v[..n * hd], n, acc, values.ahead);
         }
     }
 }
 
-/// One block of one kv head: its keys' K and V rows as stored, what to
-/// prefetch while they are computed, and where the block starts.
+/// One block of K or V rows of one of a task's kv heads, as stored, with
+/// what to prefetch while they are computed.
 struct Block<'a> {
-    k: &'a [u8],
-    v: &'a [u8],
-    k_ahead: &'a [u8],
-    v_ahead: &'a [u8],
+    bytes: &'a [u8],
+    ahead: &'a [u8],
+    /// The head's index in the task (its slot of [`Scratch::weights`]).
+    slot: usize,
     /// Position of the first key.
     pos: usize,
     /// Keys in the block.
     n: usize,
+    /// The first of the task's rows (token-major) that sees any of it.
+    first: usize,
 }
 
 /// Keys of a block (starting at position `pos`, `n` long) that a query at
