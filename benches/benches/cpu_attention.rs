@@ -299,7 +299,8 @@ mod fma_peak {
     /// GFLOP/s (an FMA is 2 flops) over all cores, or `None` without
     /// AVX2+FMA: the best of five trials, as a peak is what the machine
     /// reaches when nothing else on the host gets in the way (one trial
-    /// read 25% low on a shared VM).
+    /// read 25% low on a shared VM; the caller also measures at two
+    /// times).
     pub fn gflops(threads: usize) -> Option<f64> {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -372,6 +373,12 @@ fn prefill(c: &mut Criterion) {
         })
     });
     g.finish();
+    // Trials before and after the prefill rows, ten seconds apart: one
+    // window of five read 102 GFLOP/s (half the machine) on a shared VM.
+    let peak = peak
+        .into_iter()
+        .chain(fma_peak::gflops(threads))
+        .reduce(f64::max);
     match peak {
         Some(p) => eprintln!(
             "measured FMA peak: {p:.1} GFLOP/s on {threads} threads (prefill 'elements' above are flops)"
