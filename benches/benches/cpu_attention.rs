@@ -138,7 +138,8 @@ fn decode(c: &mut Criterion) {
             // The same K/V bytes read by one query head per kv head: a
             // quarter of the arithmetic, so the ratio shows how close the
             // access pattern itself comes to the read loop, and how much of
-            // the gap above is compute.
+            // the gap above is compute. (A second copy of the pages: 1 GiB
+            // more at 32k, dropped after these rounds.)
             let light = one_query_head_per_kv_head(&pages);
             let light_q = &q[..BATCH * (KV_HEADS * HEAD_DIM) as usize];
             let mut light_out = vec![0f32; light_q.len()];
@@ -373,8 +374,8 @@ fn prefill(c: &mut Criterion) {
         })
     });
     g.finish();
-    // Trials before and after the prefill rows, ten seconds apart: one
-    // window of five read 102 GFLOP/s (half the machine) on a shared VM.
+    // Trials before and after the prefill rows, seconds apart: one window
+    // of five read 102 GFLOP/s (half the machine) on a shared VM.
     let peak = peak
         .into_iter()
         .chain(fma_peak::gflops(threads))

@@ -290,8 +290,9 @@ struct Scratch {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    /// Each head's softmax weights of the current block (`rows × n`),
-    /// between its scores and its values.
+    /// Each head's softmax weights of the current block, between its
+    /// scores and its values: one `rows × block_tokens` slot per head, of
+    /// which the visible rows × the block's keys are used.
     weights: Vec<f32>,
     rescale: Vec<f32>,
 }
@@ -376,47 +377,47 @@ impl CpuEngine {
             };
             // Causal, bottom-right aligned: token `tok` sees keys
             // 0..=kv_len - q_len + tok, so rows (token-major) before
-            // `first` see nothing in this block, for every head alike.
+            // `first` see nothing in this block, for every head alike (the
+            // last token sees every key, so some row always sees it).
             let first_tok = (pos + seq.q_len).saturating_sub(seq.kv_len);
-            if first_tok < seq.q_len {
-                let first = first_tok * ratio;
-                let cut =
-                    |r: &std::ops::Range<usize>| r.start + from * hd * es..r.start + upto * hd * es;
-                // The page is read in address order, every head's K and then
-                // every head's V, one rising stream (docs/BENCHMARKS.md);
-                // each head's next region in that order is prefetched while
-                // it computes: the next head's K, the first head's V, the
-                // next head's V, the next page's first K.
-                for i in 0..heads.len() {
-                    let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k).clone();
-                    let h = &mut heads[i];
-                    let keys = Block {
-                        bytes: &this[cut(&h.k)],
-                        ahead: &this[ahead],
-                        slot: i,
-                        pos,
-                        n,
-                        first,
-                    };
-                    self.score_block(layout, seq, &q[h.q.clone()], &mut h.part, &keys, scratch);
-                }
-                for i in 0..heads.len() {
-                    let ahead: &[u8] = match (heads.get(i + 1), next) {
-                        (Some(h), _) => &this[h.v.clone()],
-                        (None, Some(np)) => &np[first_k.clone()],
-                        (None, None) => &[],
-                    };
-                    let h = &mut heads[i];
-                    let values = Block {
-                        bytes: &this[cut(&h.v)],
-                        ahead,
-                        slot: i,
-                        pos,
-                        n,
-                        first,
-                    };
-                    self.value_block(layout, &mut h.part, &values, scratch);
-                }
+            debug_assert!(first_tok < seq.q_len, "a block no row sees");
+            let first = first_tok * ratio;
+            let cut =
+                |r: &std::ops::Range<usize>| r.start + from * hd * es..r.start + upto * hd * es;
+            // The page is read in address order, every head's K and then
+            // every head's V, one rising stream (docs/BENCHMARKS.md);
+            // each head's next region in that order is prefetched while
+            // it computes: the next head's K, the first head's V, the
+            // next head's V, the next page's first K.
+            for i in 0..heads.len() {
+                let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k).clone();
+                let h = &mut heads[i];
+                let keys = Block {
+                    bytes: &this[cut(&h.k)],
+                    ahead: &this[ahead],
+                    slot: i,
+                    pos,
+                    n,
+                    first,
+                };
+                self.score_block(layout, seq, &q[h.q.clone()], &mut h.part, &keys, scratch);
+            }
+            for i in 0..heads.len() {
+                let ahead: &[u8] = match (heads.get(i + 1), next) {
+                    (Some(h), _) => &this[h.v.clone()],
+                    (None, Some(np)) => &np[first_k.clone()],
+                    (None, None) => &[],
+                };
+                let h = &mut heads[i];
+                let values = Block {
+                    bytes: &this[cut(&h.v)],
+                    ahead,
+                    slot: i,
+                    pos,
+                    n,
+                    first,
+                };
+                self.value_block(layout, &mut h.part, &values, scratch);
             }
             if let Some(np) = next {
                 page = np;

@@ -5,12 +5,13 @@
 //! tables, GQA, K/V stored as f32, f16 or bf16 and converted on load (in
 //! registers for decode, through a widening pass for prefill), f32
 //! accumulation with an online softmax, and split-K across threads for long
-//! contexts. Pages are read in address order, and the next region of K or
-//! V is prefetched while one is computed. The inner loops are chosen at run time ([`Kernels::detect`]):
-//! AVX-512 (F, BW, VL) or AVX2 + FMA + F16C on x86-64, NEON on aarch64, else
-//! a portable scalar version; CI runs the NEON tests under qemu and the
-//! AVX-512 tests under Bochs, as no machine it runs on has either. Every
-//! input check runs before any compute (`AttentionBatch::validate`).
+//! contexts. Pages are read in rising address order, and the next region
+//! of K or V is prefetched while one is computed. The inner loops are
+//! chosen at run time ([`Kernels::detect`]): AVX-512 (F, BW, VL) or AVX2 +
+//! FMA + F16C on x86-64, NEON on aarch64, else a portable scalar version;
+//! CI runs the NEON tests under qemu and the AVX-512 tests under Bochs, as
+//! no machine it runs on has either. Every input check runs before any
+//! compute (`AttentionBatch::validate`).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 

@@ -394,7 +394,8 @@ unsafe fn scores_three_keys<const E: u8>(
     j: usize,
 ) {
     // SAFETY: keys `j..j + 3` hold `3·d` elements, query rows `4·d`, and
-    // the writes are the contract's; AVX2, FMA and F16C are present.
+    // the writes are the contract's, made by unaligned stores or through
+    // `f32` pointers; AVX2, FMA and F16C are present.
     unsafe {
         let lanes = d / 8 * 8;
         let mut a = [[_mm256_setzero_ps(); 4]; 3];
@@ -416,13 +417,18 @@ unsafe fn scores_three_keys<const E: u8>(
         // Lane `i` of `h[x]`: row `i`'s score against key `j + x`.
         let h = a.map(|acc| hsum4(acc));
         if lanes == d {
-            // The first two keys' scores go out as one pair per row.
-            let rows01 = _mm_castps_pd(_mm_unpacklo_ps(h[0], h[1]));
-            let rows23 = _mm_castps_pd(_mm_unpackhi_ps(h[0], h[1]));
-            _mm_storel_pd(out.add(j).cast(), rows01);
-            _mm_storeh_pd(out.add(n + j).cast(), rows01);
-            _mm_storel_pd(out.add(2 * n + j).cast(), rows23);
-            _mm_storeh_pd(out.add(3 * n + j).cast(), rows23);
+            // The first two keys' scores go out as one 8-byte pair per row
+            // (`storel_epi64` has no alignment requirement; the pairs sit
+            // at any f32 offset).
+            let rows01 = _mm_castps_si128(_mm_unpacklo_ps(h[0], h[1]));
+            let rows23 = _mm_castps_si128(_mm_unpackhi_ps(h[0], h[1]));
+            _mm_storel_epi64(out.add(j).cast(), rows01);
+            _mm_storel_epi64(out.add(n + j).cast(), _mm_unpackhi_epi64(rows01, rows01));
+            _mm_storel_epi64(out.add(2 * n + j).cast(), rows23);
+            _mm_storel_epi64(
+                out.add(3 * n + j).cast(),
+                _mm_unpackhi_epi64(rows23, rows23),
+            );
             let mut third = [0f32; 4];
             _mm_storeu_ps(third.as_mut_ptr(), h[2]);
             for (i, s) in third.into_iter().enumerate() {
@@ -541,25 +547,25 @@ unsafe fn weighted_sum_columns<const G: usize, const E: u8, const W: usize>(
     unsafe {
         let mut a = [[_mm256_setzero_ps(); W]; G];
         for (i, row) in a.iter_mut().enumerate() {
-            for (w, x) in row.iter_mut().enumerate() {
-                *x = _mm256_loadu_ps(acc.add(i * d + c + 8 * w));
+            for (w, sum) in row.iter_mut().enumerate() {
+                *sum = _mm256_loadu_ps(acc.add(i * d + c + 8 * w));
             }
         }
         for j in 0..n {
-            let mut x = [_mm256_setzero_ps(); W];
-            for (w, x) in x.iter_mut().enumerate() {
-                *x = load8::<E>(v, j * d + c + 8 * w);
+            let mut vals = [_mm256_setzero_ps(); W];
+            for (w, val) in vals.iter_mut().enumerate() {
+                *val = load8::<E>(v, j * d + c + 8 * w);
             }
             for (i, row) in a.iter_mut().enumerate() {
                 let wv = _mm256_broadcast_ss(&*p.add(i * n + j));
-                for (acc, x) in row.iter_mut().zip(x) {
-                    *acc = _mm256_fmadd_ps(wv, x, *acc);
+                for (sum, val) in row.iter_mut().zip(vals) {
+                    *sum = _mm256_fmadd_ps(wv, val, *sum);
                 }
             }
         }
         for (i, row) in a.iter().enumerate() {
-            for (w, x) in row.iter().enumerate() {
-                _mm256_storeu_ps(acc.add(i * d + c + 8 * w), *x);
+            for (w, sum) in row.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(i * d + c + 8 * w), *sum);
             }
         }
     }

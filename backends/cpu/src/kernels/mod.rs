@@ -71,7 +71,8 @@ pub struct Kernels {
     /// Scores of `rows` queries against `n` keys: `out[r·n + j] =
     /// q[r]·k[j]`, with `q` `rows × d` and `k` `n × d` (`d = q.len() / rows`).
     /// The last argument's cache lines are prefetched, spread over the loop
-    /// (the next page's K, so that it arrives while this page computes).
+    /// (the next region of K or V the engine reads, so that it arrives
+    /// while this one computes).
     pub scores: ScoresFn,
     /// `acc[r] += Σ_j p[r·n + j] · v[j]` for `rows` accumulators of width `d`,
     /// with `v` `n × d`; prefetches `ahead` like `scores`.
@@ -188,9 +189,13 @@ mod tests {
                         k.name
                     );
                 }
-                // Matrix kernels against the row-at-a-time ones.
-                for rows in [1usize, 3, 4, 5] {
-                    let keys = 6;
+                // Matrix kernels against the row-at-a-time ones, with key
+                // counts that split every way a four-row group splits
+                // them (threes, threes and one or two pairs, a lone key).
+                for (rows, keys) in [1usize, 3, 4, 5]
+                    .into_iter()
+                    .flat_map(|r| [1usize, 2, 3, 4, 5, 6, 7, 16, 17].map(|k| (r, k)))
+                {
                     let q: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.7).sin()).collect();
                     let kk: Vec<f32> = (0..keys * n).map(|i| (i as f32 * 0.3).cos()).collect();
                     let mut s = vec![0f32; rows * keys];
