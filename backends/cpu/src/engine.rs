@@ -449,7 +449,7 @@ impl CpuEngine {
         let (q_len, rows, n, pos, first) =
             (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
-        let scores = &mut scratch.weights[keys.slot * rows * bt..][..live * n];
+        let scores = &mut scratch.weights[keys.weights(rows, bt)];
         let q = &q[first * hd..];
         // Up to one register group of rows (GQA decode) reads K as stored;
         // more rows widen it once for all row groups.
@@ -515,7 +515,7 @@ impl CpuEngine {
         let bt = layout.block_tokens() as usize;
         let (rows, n, first) = (part.max.len(), values.n, values.first);
         let live = rows - first;
-        let weights = &scratch.weights[values.slot * rows * bt..][..live * n];
+        let weights = &scratch.weights[values.weights(rows, bt)];
         let acc = &mut part.acc[first * hd..];
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
             (sk.weighted_sum)(dtype, weights, live, values.bytes, n, acc, values.ahead);
@@ -539,6 +539,17 @@ struct Block<'a> {
     n: usize,
     /// The first of the task's rows (token-major) that sees any of it.
     first: usize,
+}
+
+impl Block<'_> {
+    /// This head's weights in [`Scratch::weights`] (of `rows` rows, pages
+    /// of `bt` tokens): the visible rows × the block's keys, at the start
+    /// of the head's `rows × bt` slot. The score and value phases both
+    /// index through it, so they agree on the slots.
+    fn weights(&self, rows: usize, bt: usize) -> std::ops::Range<usize> {
+        let start = self.slot * rows * bt;
+        start..start + (rows - self.first) * self.n
+    }
 }
 
 /// Keys of a block (starting at position `pos`, `n` long) that a query at
