@@ -307,13 +307,6 @@ unsafe fn scores_group<const G: usize, const E: u8>(
     // requires; AVX2 and FMA are present.
     unsafe {
         let lanes = d / 8 * 8;
-        let tail = |i: usize, j: usize| {
-            let mut t = 0f32;
-            for e in lanes..d {
-                t += *q.add(i * d + e) * load1::<E>(k, j * d + e);
-            }
-            t
-        };
         let mut j = 0;
         // Four rows (GQA decode) take three keys at a time: twelve
         // accumulators, three key and four query loads per twelve FMAs,
@@ -351,14 +344,8 @@ unsafe fn scores_group<const G: usize, const E: u8>(
             }
             let (h0, h1) = (hsum4(a0), hsum4(a1));
             if G == 4 && two && lanes == d {
-                // Decode's common case: the two keys' scores interleaved
-                // into each row's pair of slots, eight bytes at a time.
-                let lo = _mm_castps_si128(_mm_unpacklo_ps(h0, h1));
-                let hi = _mm_castps_si128(_mm_unpackhi_ps(h0, h1));
-                _mm_storel_epi64(out.add(j).cast(), lo);
-                _mm_storel_epi64(out.add(n + j).cast(), _mm_unpackhi_epi64(lo, lo));
-                _mm_storel_epi64(out.add(2 * n + j).cast(), hi);
-                _mm_storel_epi64(out.add(3 * n + j).cast(), _mm_unpackhi_epi64(hi, hi));
+                // Decode's common case.
+                store_four_row_pairs(out, n, j, h0, h1);
                 j += 2;
                 continue;
             }
@@ -366,13 +353,59 @@ unsafe fn scores_group<const G: usize, const E: u8>(
             _mm_storeu_ps(s0.as_mut_ptr(), h0);
             _mm_storeu_ps(s1.as_mut_ptr(), h1);
             for i in 0..G {
-                *out.add(i * n + j) = s0[i] + tail(i, j);
+                *out.add(i * n + j) = s0[i] + dot_tail::<E>(q, k, d, i, j);
                 if two {
-                    *out.add(i * n + j + 1) = s1[i] + tail(i, j + 1);
+                    *out.add(i * n + j + 1) = s1[i] + dot_tail::<E>(q, k, d, i, j + 1);
                 }
             }
             j += 2;
         }
+    }
+}
+
+/// The part of query row `i`'s dot product with key `key` past the last
+/// whole vector: elements `d / 8 · 8..d` (0 when `d` is a multiple of 8).
+///
+/// # Safety
+/// `q` is valid for `(i + 1)·d` reads and `k` for `(key + 1)·d` elements
+/// of encoding `E`.
+unsafe fn dot_tail<const E: u8>(
+    q: *const f32,
+    k: *const u8,
+    d: usize,
+    i: usize,
+    key: usize,
+) -> f32 {
+    let mut t = 0f32;
+    for e in d / 8 * 8..d {
+        // SAFETY: `e < d`, so both reads are within the contract's rows.
+        t += unsafe { *q.add(i * d + e) * load1::<E>(k, key * d + e) };
+    }
+    t
+}
+
+/// Stores four rows' scores against keys `j` and `j + 1` (`a` and `b`:
+/// lane `i` is row `i`'s score) as one 8-byte pair per row, at
+/// `out[i·n + j]`; `storel_epi64` has no alignment requirement, so the
+/// pairs may sit at any f32 offset.
+///
+/// # Safety
+/// `out` is valid for writes at `i·n + j` and `i·n + j + 1` (`i < 4`);
+/// SSE2 is present (part of x86-64).
+#[inline]
+#[target_feature(enable = "sse2")]
+unsafe fn store_four_row_pairs(out: *mut f32, n: usize, j: usize, a: __m128, b: __m128) {
+    let rows01 = _mm_castps_si128(_mm_unpacklo_ps(a, b));
+    let rows23 = _mm_castps_si128(_mm_unpackhi_ps(a, b));
+    // SAFETY: the four 8-byte writes are the contract's.
+    unsafe {
+        _mm_storel_epi64(out.add(j).cast(), rows01);
+        _mm_storel_epi64(out.add(n + j).cast(), _mm_unpackhi_epi64(rows01, rows01));
+        _mm_storel_epi64(out.add(2 * n + j).cast(), rows23);
+        _mm_storel_epi64(
+            out.add(3 * n + j).cast(),
+            _mm_unpackhi_epi64(rows23, rows23),
+        );
     }
 }
 
@@ -417,18 +450,7 @@ unsafe fn scores_three_keys<const E: u8>(
         // Lane `i` of `h[x]`: row `i`'s score against key `j + x`.
         let h = a.map(|acc| hsum4(acc));
         if lanes == d {
-            // The first two keys' scores go out as one 8-byte pair per row
-            // (`storel_epi64` has no alignment requirement; the pairs sit
-            // at any f32 offset).
-            let rows01 = _mm_castps_si128(_mm_unpacklo_ps(h[0], h[1]));
-            let rows23 = _mm_castps_si128(_mm_unpackhi_ps(h[0], h[1]));
-            _mm_storel_epi64(out.add(j).cast(), rows01);
-            _mm_storel_epi64(out.add(n + j).cast(), _mm_unpackhi_epi64(rows01, rows01));
-            _mm_storel_epi64(out.add(2 * n + j).cast(), rows23);
-            _mm_storel_epi64(
-                out.add(3 * n + j).cast(),
-                _mm_unpackhi_epi64(rows23, rows23),
-            );
+            store_four_row_pairs(out, n, j, h[0], h[1]);
             let mut third = [0f32; 4];
             _mm_storeu_ps(third.as_mut_ptr(), h[2]);
             for (i, s) in third.into_iter().enumerate() {
@@ -442,11 +464,7 @@ unsafe fn scores_three_keys<const E: u8>(
         }
         for (x, s) in sums.iter().enumerate() {
             for (i, &v) in s.iter().enumerate() {
-                let mut t = v;
-                for e in lanes..d {
-                    t += *q.add(i * d + e) * load1::<E>(k, (j + x) * d + e);
-                }
-                *out.add(i * n + j + x) = t;
+                *out.add(i * n + j + x) = v + dot_tail::<E>(q, k, d, i, j + x);
             }
         }
     }
