@@ -52,12 +52,11 @@ fn prefetch_at(at: *const u8) {
 }
 
 /// The cache lines of `ahead`, prefetched in bursts of equal size spread
-/// over a kernel's loop: all of them within the first `steps` calls to
-/// [`Ahead::step`] (within a power of two of calls at most `steps`, so
-/// bursts are up to twice `lines / steps`), so that the next page arrives
-/// while this one is computed without filling every line-fill buffer at
-/// once. A step costs a compare when nothing is left: kernels call it
-/// every iteration, so it walks addresses instead of slice iterators.
+/// over a kernel's loop: ⌈lines / `steps`⌉ per call to [`Ahead::step`],
+/// so all of them within `steps` calls, and the next page arrives while
+/// this one is computed without filling every line-fill buffer at once.
+/// A step costs a compare when nothing is left: kernels call it every
+/// iteration, so it walks addresses instead of slice iterators.
 pub(super) struct Ahead<'a> {
     next: *const u8,
     end: *const u8,
@@ -68,11 +67,9 @@ pub(super) struct Ahead<'a> {
 
 impl<'a> Ahead<'a> {
     pub(super) fn new(ahead: &'a [u8], steps: usize) -> Self {
-        // Bursts for a power-of-two number of steps at most `steps` (a
-        // shift, not a division, on every kernel call). The walk starts at
-        // the line holding the first byte, so a span that does not start
-        // on a line boundary still has its last line prefetched.
-        let shift = usize::BITS - 1 - steps.max(1).leading_zeros();
+        // The walk starts at the line holding the first byte, so a span
+        // that does not start on a line boundary still has its last line
+        // prefetched.
         let range = ahead.as_ptr_range();
         let start = range.start.wrapping_sub(range.start as usize % 64);
         let lines = if ahead.is_empty() {
@@ -83,7 +80,11 @@ impl<'a> Ahead<'a> {
         Self {
             next: start,
             end: range.end,
-            burst: (lines + (1 << shift) - 1) >> shift << 6,
+            // Spread over every step, the last included: bursts rounded
+            // to a power of two of steps (a shift instead of this
+            // division) finished early, and the miss buffers then idled
+            // until the next region's kernel (docs/BENCHMARKS.md).
+            burst: lines.div_ceil(steps.max(1)) << 6,
             span: std::marker::PhantomData,
         }
     }
@@ -963,5 +964,44 @@ unsafe fn axpy_avx2(acc: *mut f32, w: f32, x: *const f32, n: usize) {
         // SAFETY: `i < n`.
         unsafe { *acc.add(i) += w * *x.add(i) };
         i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ahead;
+
+    /// Every line of the span is walked within `steps` steps, in bursts
+    /// of at most ⌈lines / steps⌉, whatever the span's alignment.
+    #[test]
+    fn the_walk_covers_every_line_within_its_steps() {
+        let buf = vec![0u8; 64 * 100];
+        let base = buf.as_ptr() as usize;
+        for offset in [0, 1, 40, 63, 64] {
+            for len in [0, 1, 63, 64, 65, 1000, 4096, 4097, 64 * 90] {
+                let span = &buf[offset..offset + len];
+                let first = (base + offset) / 64;
+                let lines = if len == 0 {
+                    0
+                } else {
+                    (base + offset + len).div_ceil(64) - first
+                };
+                for steps in 1..=17 {
+                    let mut walk = Ahead::new(span, steps);
+                    let mut walked = 0;
+                    for _ in 0..steps {
+                        let before = walk.next as usize;
+                        walk.step();
+                        let burst = (walk.next as usize - before) / 64;
+                        assert!(burst <= lines.div_ceil(steps), "{offset} {len} {steps}");
+                        walked += burst;
+                    }
+                    assert_eq!(walked, lines, "offset {offset}, {len} bytes, {steps} steps");
+                    let at = walk.next as usize;
+                    walk.step();
+                    assert_eq!(walk.next as usize, at, "nothing after the last line");
+                }
+            }
+        }
     }
 }
