@@ -288,8 +288,9 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
 struct Scratch {
     /// Every head's query rows of a task, one after another.
     q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    /// One block of K or V widened to f32 (rows beyond one register
+    /// group): the scores are done with K before the values widen V.
+    widened: Vec<f32>,
     /// Each head's softmax weights of the current block, between its
     /// scores and its values: one `rows × block_tokens` slot per head, of
     /// which the visible rows × the block's keys are used.
@@ -347,8 +348,7 @@ impl CpuEngine {
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
             });
         }
-        scratch.k.resize(bt * hd, 0.0);
-        scratch.v.resize(bt * hd, 0.0);
+        scratch.widened.resize(bt * hd, 0.0);
         scratch.weights.resize(heads.len() * rows * bt, 0.0);
         scratch.rescale.resize(rows, 1.0);
         let (first_k, first_v) = (heads[0].k.clone(), heads[0].v.clone());
@@ -456,8 +456,8 @@ impl CpuEngine {
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
             (sk.scores)(dtype, q, live, keys.bytes, n, scores, keys.ahead);
         } else {
-            k.widen(dtype, keys.bytes, &mut scratch.k[..n * hd]);
-            (k.scores)(q, live, &scratch.k[..n * hd], n, scores, keys.ahead);
+            k.widen(dtype, keys.bytes, &mut scratch.widened[..n * hd]);
+            (k.scores)(q, live, &scratch.widened[..n * hd], n, scores, keys.ahead);
         }
         // Row `r` sees a prefix of the block under the causal mask; rows
         // are token-major, so those that see all of it are a suffix
@@ -520,8 +520,15 @@ impl CpuEngine {
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
             (sk.weighted_sum)(dtype, weights, live, values.bytes, n, acc, values.ahead);
         } else {
-            k.widen(dtype, values.bytes, &mut scratch.v[..n * hd]);
-            (k.weighted_sum)(weights, live, &scratch.v[..n * hd], n, acc, values.ahead);
+            k.widen(dtype, values.bytes, &mut scratch.widened[..n * hd]);
+            (k.weighted_sum)(
+                weights,
+                live,
+                &scratch.widened[..n * hd],
+                n,
+                acc,
+                values.ahead,
+            );
         }
     }
 }
