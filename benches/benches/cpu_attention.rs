@@ -131,10 +131,25 @@ fn decode(c: &mut Criterion) {
         candle_peer::bench(&mut g, ctx, &pages, &tables, &q, scale);
         if interleaved_wanted() {
             let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
-            interleaved(ctx, "decode", span, threads, || {
-                engine.attend(&pages, &batch, &mut out).unwrap();
-                black_box(&out);
-            });
+            let hot_batch = AttentionBatch::new(0, 0, &hot_seqs, &q, scale);
+            let mut hot_out = vec![0f32; q.len()];
+            interleaved(
+                ctx,
+                span,
+                threads,
+                &mut [
+                    ("decode", &mut || {
+                        engine.attend(&pages, &batch, &mut out).unwrap();
+                        black_box(&out);
+                    }),
+                    // The compute ceiling row, in the same rounds: decode's
+                    // time with its memory traffic taken away (mostly).
+                    ("decode, cache-resident pages", &mut || {
+                        engine.attend(&pages, &hot_batch, &mut hot_out).unwrap();
+                        black_box(&hot_out);
+                    }),
+                ],
+            );
             // The same K/V bytes read by one query head per kv head: a
             // quarter of the arithmetic, so the ratio shows how close the
             // access pattern itself comes to the read loop, and how much of
@@ -146,13 +161,12 @@ fn decode(c: &mut Criterion) {
             let batch = AttentionBatch::new(0, 0, &seqs, light_q, scale);
             interleaved(
                 ctx,
-                "decode, 1 query head per kv head",
                 span,
                 threads,
-                || {
+                &mut [("decode, 1 query head per kv head", &mut || {
                     engine.attend(&light, &batch, &mut light_out).unwrap();
                     black_box(&light_out);
-                },
+                })],
             );
         }
     }
@@ -196,31 +210,47 @@ fn interleaved_wanted() -> bool {
             .any(|f| f.contains("interleaved") || f.contains("decode"))
 }
 
-/// Decode against the read loop with the two alternating, one step each
-/// per round, so that both see the same machine: on a shared VM whose
+/// Each step against the read loop, all alternating, one step or pass
+/// each per round, so that all see the same machine: on a shared VM whose
 /// bandwidth drifts by ±20% over a minute, separate runs a minute apart
-/// make the ratio meaningless. Prints the medians and their ratio.
-fn interleaved(ctx: usize, what: &str, span: &[u8], threads: usize, mut step: impl FnMut()) {
-    let (mut dec, mut read) = (Vec::new(), Vec::new());
+/// make the ratio meaningless. Prints each step's median, the read loop's
+/// and their ratio, and each later step against the first (when the
+/// first is decode and a later one the same work on cache-resident
+/// pages, that says how much of decode's time memory still adds).
+fn interleaved(ctx: usize, span: &[u8], threads: usize, steps: &mut [(&str, &mut dyn FnMut())]) {
+    let mut times = vec![Vec::new(); steps.len()];
+    let mut read = Vec::new();
     for _ in 0..INTERLEAVED_ROUNDS {
-        let t = std::time::Instant::now();
-        step();
-        dec.push(t.elapsed().as_secs_f64());
-        let t = std::time::Instant::now();
-        black_box(stream_read(span, threads));
-        read.push(t.elapsed().as_secs_f64());
+        for ((_, step), t) in steps.iter_mut().zip(&mut times) {
+            let start = std::time::Instant::now();
+            step();
+            t.push(start.elapsed().as_secs_f64());
+            let start = std::time::Instant::now();
+            black_box(stream_read(span, threads));
+            read.push(start.elapsed().as_secs_f64());
+        }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     let gib = |secs: f64| span.len() as f64 / secs / (1u64 << 30) as f64;
-    let (d, r) = (gib(median(&mut dec)), gib(median(&mut read)));
-    eprintln!(
-        "interleaved ctx {ctx}: {what} {d:.2} GiB/s, read loop {r:.2} GiB/s, \
-         ratio {:.0}% (medians of {INTERLEAVED_ROUNDS} alternating rounds)",
-        100.0 * d / r
-    );
+    let r = gib(median(&mut read));
+    let rates: Vec<f64> = times.iter_mut().map(|t| gib(median(t))).collect();
+    for ((what, _), d) in steps.iter().zip(&rates) {
+        eprintln!(
+            "interleaved ctx {ctx}: {what} {d:.2} GiB/s, read loop {r:.2} GiB/s, \
+             ratio {:.0}% (medians of {INTERLEAVED_ROUNDS} alternating rounds)",
+            100.0 * d / r
+        );
+    }
+    for ((what, _), d) in steps.iter().zip(&rates).skip(1) {
+        eprintln!(
+            "interleaved ctx {ctx}: {} / {what}: {:.0}%",
+            steps[0].0,
+            100.0 * rates[0] / d
+        );
+    }
 }
 
 #[cfg(feature = "candle")]
