@@ -141,18 +141,21 @@ fn main() {
         }
     }
     let gib = (per * threads) as f64 / (1u64 << 30) as f64;
-    let rates: Vec<f64> = times
+    // Per mode: the median rate, and the slowest and fastest rounds (how
+    // much the machine's speed moved while the modes alternated).
+    let spread: Vec<[f64; 3]> = times
         .iter_mut()
         .map(|t| {
             t.sort_by(f64::total_cmp);
-            gib / t[t.len() / 2]
+            [gib / t[t.len() - 1], gib / t[t.len() / 2], gib / t[0]]
         })
         .collect();
+    let rates: Vec<f64> = spread.iter().map(|s| s[1]).collect();
     println!("{threads} threads, {} MiB, medians of {rounds} alternating rounds{}", mib, if hot > 0 { format!(", {hot} bytes re-read per thread") } else { String::new() });
-    for (m, r) in modes.iter().zip(&rates) {
+    for (m, s) in modes.iter().zip(&spread) {
         println!(
-            "rows {} ({:3} FMAs / 512 B), prefetch {:3} lines ahead in bursts of {:2}: {:6.2} GiB/s, {:4.0}% of the read loop",
-            m[0], m[0] * 32, m[1], m[2], r, 100.0 * r / rates[0]
+            "rows {} ({:3} FMAs / 512 B), prefetch {:3} lines ahead in bursts of {:2}: {:6.2} GiB/s, {:4.0}% of the read loop (rounds {:.2}-{:.2})",
+            m[0], m[0] * 32, m[1], m[2], s[1], 100.0 * s[1] / rates[0], s[0], s[2]
         );
     }
     std::hint::black_box(sink);
