@@ -71,7 +71,10 @@ unsafe fn pass<const R: usize>(buf: &[u8], len: usize, ahead: usize, burst: usiz
 }
 
 fn run(rows: usize, buf: &[u8], len: usize, ahead: usize, burst: usize) -> f32 {
-    // SAFETY: main checked AVX2, FMA and F16C; callers pass PAD slack.
+    assert!(len + PAD <= buf.len(), "the span needs PAD bytes of slack");
+    assert!((ahead + burst) * LINE <= PAD, "prefetch distance past the slack");
+    // SAFETY: main checked AVX2, FMA and F16C; the asserts above are
+    // `pass`'s bounds.
     unsafe {
         match rows {
             0 => pass::<0>(buf, len, ahead, burst),
