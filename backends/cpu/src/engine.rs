@@ -9,7 +9,7 @@ use kvslice_core::{
     Result, write_kv,
 };
 
-use crate::kernels::{Kernels, StoredKernels};
+use crate::kernels::{Kernels, SoftmaxState, StoredKernels};
 
 /// Paged attention on the CPU with SIMD kernels and threads.
 ///
@@ -17,7 +17,10 @@ use crate::kernels::{Kernels, StoredKernels};
 /// every query head of the GQA group and every query token, with an online
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row
-/// sets widen them to f32 once per page. A decode task takes every kv head
+/// sets widen them to f32 once per page. Four rows that all see a page
+/// (GQA decode with four query heads per kv head) take its scores and
+/// softmax in one call where the kernels have it
+/// ([`crate::FourRowKernels`]). A decode task takes every kv head
 /// of its pages and reads each page in address order, every head's K and
 /// then every head's V, one rising stream rather than one head's 4 KiB of
 /// each. While a head's K (or V) is computed, the next region of the
@@ -295,6 +298,9 @@ struct Scratch {
     /// scores and its values: one `rows × block_tokens` slot per head, of
     /// which the visible rows × the block's keys are used.
     weights: Vec<f32>,
+    /// Per slot of `weights`: whether the four-row kernels left it
+    /// key-major ([`crate::FourRowKernels`]) rather than row-major.
+    key_major: Vec<bool>,
     rescale: Vec<f32>,
 }
 
@@ -350,6 +356,7 @@ impl CpuEngine {
         }
         scratch.widened.resize(bt * hd, 0.0);
         scratch.weights.resize(heads.len() * rows * bt, 0.0);
+        scratch.key_major.resize(heads.len(), false);
         scratch.rescale.resize(rows, 1.0);
         let (first_k, first_v) = (heads[0].k.clone(), heads[0].v.clone());
         let mut pos = t.start;
@@ -449,23 +456,81 @@ impl CpuEngine {
         let (q_len, rows, n, pos, first) =
             (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
-        let scores = &mut scratch.weights[keys.weights(rows, bt)];
+        let Scratch {
+            weights,
+            widened,
+            key_major,
+            rescale,
+            ..
+        } = scratch;
+        let scores = &mut weights[keys.weights(rows, bt)];
         let q = &q[first * hd..];
+        // Row `r` sees a prefix of the block under the causal mask; rows
+        // are token-major, so those that see all of it are a suffix
+        // (every row in decode).
+        let rescale = &mut rescale[..live];
+        let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
+        let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
+        // Four rows that all see the whole block (GQA decode with four
+        // query heads per kv head): scores and softmax in one call.
+        let four = k
+            .stored
+            .and_then(|sk| sk.four_rows)
+            .filter(|_| live == 4 && full == first && hd.is_multiple_of(8));
+        key_major[keys.slot] = four.is_some();
+        if let Some(fk) = four {
+            let state = SoftmaxState {
+                max: &mut part.max[first..],
+                sum: &mut part.sum[first..],
+                rescale,
+            };
+            (fk.scores_softmax)(dtype, q, keys.bytes, n, scores, state, keys.ahead);
+        } else {
+            let widened = &mut widened[..n * hd];
+            self.scores_then_softmax(layout, seq, q, part, keys, scores, widened, rescale, full);
+        }
+        for (r, &c) in (first..rows).zip(rescale.iter()) {
+            if c != 1.0 {
+                part.acc[r * hd..(r + 1) * hd]
+                    .iter_mut()
+                    .for_each(|x| *x *= c);
+            }
+        }
+    }
+
+    /// [`Self::score_block`]'s general case: the scores of rows
+    /// `keys.first..` into `scores`, then their softmax, one call for the
+    /// rows from `full` on (which see every key), one per row before.
+    #[allow(clippy::too_many_arguments)]
+    fn scores_then_softmax(
+        &self,
+        layout: &kvslice_core::KvLayout,
+        seq: &kvslice_core::SeqAttention<'_>,
+        q: &[f32],
+        part: &mut Partials,
+        keys: &Block<'_>,
+        scores: &mut [f32],
+        widened: &mut [f32],
+        rescale: &mut [f32],
+        full: usize,
+    ) {
+        let k = &self.kernels;
+        let dtype = layout.dtype();
+        let ratio = layout.gqa_ratio() as usize;
+        let (q_len, rows, n, pos, first) =
+            (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
+        let live = rows - first;
         // Up to one register group of rows (GQA decode) reads K as stored;
         // more rows widen it once for all row groups.
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
             (sk.scores)(dtype, q, live, keys.bytes, n, scores, keys.ahead);
         } else {
-            k.widen(dtype, keys.bytes, &mut scratch.widened[..n * hd]);
-            (k.scores)(q, live, &scratch.widened[..n * hd], n, scores, keys.ahead);
+            k.widen(dtype, keys.bytes, widened);
+            (k.scores)(q, live, widened, n, scores, keys.ahead);
         }
-        // Row `r` sees a prefix of the block under the causal mask; rows
-        // are token-major, so those that see all of it are a suffix
-        // (every row in decode): one softmax call for them, one per row
-        // on the diagonal, where the hidden scores get weight 0.
-        let rescale = &mut scratch.rescale[..live];
+        // One softmax call for the rows that see the whole block, one per
+        // row on the diagonal, where the hidden scores get weight 0.
         let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
-        let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
         for r in first..full {
             let (i, seen) = (r - first, visible(r));
             let s = &mut scores[i * n..(i + 1) * n];
@@ -490,13 +555,6 @@ impl CpuEngine {
                 &mut rescale[full - first..],
             );
         }
-        for (r, &c) in (first..rows).zip(rescale.iter()) {
-            if c != 1.0 {
-                part.acc[r * hd..(r + 1) * hd]
-                    .iter_mut()
-                    .for_each(|x| *x *= c);
-            }
-        }
     }
 
     /// Adds one block of a head's values, weighted by what
@@ -517,7 +575,10 @@ impl CpuEngine {
         let live = rows - first;
         let weights = &scratch.weights[values.weights(rows, bt)];
         let acc = &mut part.acc[first * hd..];
-        if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+        let four = k.stored.and_then(|sk| sk.four_rows);
+        if let Some(fk) = four.filter(|_| scratch.key_major[values.slot]) {
+            (fk.weighted_sum)(dtype, weights, values.bytes, n, acc, values.ahead);
+        } else if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
             (sk.weighted_sum)(dtype, weights, live, values.bytes, n, acc, values.ahead);
         } else {
             k.widen(dtype, values.bytes, &mut scratch.widened[..n * hd]);

@@ -19,7 +19,9 @@ fn small(u: &mut Unstructured<'_>, lo: u32, hi: u32) -> u32 {
 pub fn attention(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let kv = small(&mut u, 1, 3);
-    let ratio = small(&mut u, 1, 3);
+    // Up to four query heads per kv head: GQA decode with four reaches the
+    // four-row kernels.
+    let ratio = small(&mut u, 1, 4);
     let dtype = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16][small(&mut u, 0, 2) as usize];
     let spec = LayoutSpec::new(
         small(&mut u, 1, 2),

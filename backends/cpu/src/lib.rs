@@ -21,4 +21,4 @@ pub mod fuzzing;
 mod kernels;
 
 pub use engine::CpuEngine;
-pub use kernels::{Kernels, StoredKernels};
+pub use kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use kvslice_core::KvDtype;
 
 use super::exp_consts::*;
-use super::{Kernels, StoredKernels, scalar, shapes};
+use super::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, scalar, shapes};
 
 /// The AVX2 table, if the CPU has AVX2, FMA and F16C.
 pub(super) fn kernels() -> Option<Kernels> {
@@ -28,6 +28,10 @@ pub(super) fn kernels() -> Option<Kernels> {
         stored: Some(StoredKernels {
             scores: scores_stored,
             weighted_sum: weighted_sum_stored,
+            four_rows: Some(FourRowKernels {
+                scores_softmax: four_row_scores_softmax,
+                weighted_sum: four_row_weighted_sum,
+            }),
         }),
         prefetch,
     })
@@ -204,6 +208,71 @@ fn weighted_sum_stored(
     }
 }
 
+fn four_row_scores_softmax(
+    dtype: KvDtype,
+    q: &[f32],
+    k: &[u8],
+    n: usize,
+    weights: &mut [f32],
+    state: SoftmaxState<'_>,
+    ahead: &[u8],
+) {
+    let d = shapes::scores_width(q.len(), 4, k.len(), dtype.size_bytes(), n, weights.len());
+    assert!(
+        d.is_multiple_of(8),
+        "four-row kernels: head width {d} is not a multiple of 8"
+    );
+    shapes::check_softmax(weights.len(), 4, n, state.sum.len(), state.rescale.len());
+    assert!(state.max.len() >= 4, "softmax_rows: shapes");
+    let ahead = Ahead::new(ahead, four_row_key_groups(n));
+    let (q, k, w) = (q.as_ptr(), k.as_ptr(), weights.as_mut_ptr());
+    let (max, sum, rescale) = (
+        state.max.as_mut_ptr(),
+        state.sum.as_mut_ptr(),
+        state.rescale.as_mut_ptr(),
+    );
+    // SAFETY: the checks above bound every access made below (`k` holds
+    // `n·d` elements of `dtype`, `d % 8 == 0`, `weights` `4·n`, the state
+    // four rows); AVX2, FMA and F16C are present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => {
+                four_row_scores_softmax_avx2::<F32>(q, k, n, d, w, max, sum, rescale, ahead)
+            }
+            KvDtype::F16 => {
+                four_row_scores_softmax_avx2::<F16>(q, k, n, d, w, max, sum, rescale, ahead)
+            }
+            KvDtype::Bf16 => {
+                four_row_scores_softmax_avx2::<BF16>(q, k, n, d, w, max, sum, rescale, ahead)
+            }
+        }
+    }
+}
+
+fn four_row_weighted_sum(
+    dtype: KvDtype,
+    p: &[f32],
+    v: &[u8],
+    n: usize,
+    acc: &mut [f32],
+    ahead: &[u8],
+) {
+    let d = shapes::weighted_sum_width(p.len(), 4, v.len(), dtype.size_bytes(), n, acc.len());
+    // As `weighted_sum_stored`, one step per pass of columns.
+    let mut ahead = Ahead::new(ahead, (d / 8 * 8).div_ceil(16));
+    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: the shape check above bounds every access made below (`p`
+    // holds `4·n` weights, `v` `n·d` elements of `dtype`, `acc` `4·d`);
+    // AVX2, FMA and F16C are present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => weighted_sum_group::<4, F32, true>(p, v, n, d, acc, &mut ahead),
+            KvDtype::F16 => weighted_sum_group::<4, F16, true>(p, v, n, d, acc, &mut ahead),
+            KvDtype::Bf16 => weighted_sum_group::<4, BF16, true>(p, v, n, d, acc, &mut ahead),
+        }
+    }
+}
+
 /// Element encodings the score and value kernels read, as a const
 /// parameter so each instantiation has its own straight-line loads.
 pub(super) const F32: u8 = 0;
@@ -314,13 +383,7 @@ unsafe fn scores_group<const G: usize, const E: u8>(
         // which fills the sixteen registers without spilling and leaves
         // fewer horizontal sums per key than pairs do.
         if G == 4 {
-            // Threes up to where the rest splits into pairs (16 = 4·3 + 2·2).
-            let threes = if n % 3 == 1 && n > 3 {
-                n / 3 - 1
-            } else {
-                n / 3
-            };
-            while j < 3 * threes {
+            while j < 3 * four_row_threes(n) {
                 ahead.step();
                 scores_three_keys::<E>(q, k, n, d, out, j);
                 j += 3;
@@ -432,24 +495,8 @@ unsafe fn scores_three_keys<const E: u8>(
     // `f32` pointers; AVX2, FMA and F16C are present.
     unsafe {
         let lanes = d / 8 * 8;
-        let mut a = [[_mm256_setzero_ps(); 4]; 3];
-        let mut c = 0;
-        while c < lanes {
-            let x = [
-                load8::<E>(k, j * d + c),
-                load8::<E>(k, (j + 1) * d + c),
-                load8::<E>(k, (j + 2) * d + c),
-            ];
-            for i in 0..4 {
-                let qv = _mm256_loadu_ps(q.add(i * d + c));
-                for (acc, key) in a.iter_mut().zip(x) {
-                    acc[i] = _mm256_fmadd_ps(qv, key, acc[i]);
-                }
-            }
-            c += 8;
-        }
         // Lane `i` of `h[x]`: row `i`'s score against key `j + x`.
-        let h = a.map(|acc| hsum4(acc));
+        let h = four_row_sums::<E, 3>(q, k, d, lanes, j);
         if lanes == d {
             store_four_row_pairs(out, n, j, h[0], h[1]);
             let mut third = [0f32; 4];
@@ -468,6 +515,147 @@ unsafe fn scores_three_keys<const E: u8>(
                 *out.add(i * n + j + x) = v + dot_tail::<E>(q, k, d, i, j + x);
             }
         }
+    }
+}
+
+/// Dot products of four query rows with keys `j..j + K` over their first
+/// `lanes` elements (whole vectors): lane `i` of the `x`th result is row
+/// `i`'s against key `j + x`. Three keys are twelve accumulators, three
+/// key and four query loads per twelve FMAs, which fills the sixteen
+/// registers without spilling.
+///
+/// # Safety
+/// `q` is valid for `4·d` reads, `k` for `(j + K)·d` elements of encoding
+/// `E`; `lanes ≤ d` is a multiple of 8; AVX2, FMA and F16C are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn four_row_sums<const E: u8, const K: usize>(
+    q: *const f32,
+    k: *const u8,
+    d: usize,
+    lanes: usize,
+    j: usize,
+) -> [__m128; K] {
+    // SAFETY: every offset is under `(j + K)·d` (keys) or `4·d` (queries)
+    // by the contract.
+    unsafe {
+        let mut a = [[_mm256_setzero_ps(); 4]; K];
+        let mut c = 0;
+        while c < lanes {
+            let mut x = [_mm256_setzero_ps(); K];
+            for (t, key) in x.iter_mut().enumerate() {
+                *key = load8::<E>(k, (j + t) * d + c);
+            }
+            for i in 0..4 {
+                let qv = _mm256_loadu_ps(q.add(i * d + c));
+                for (acc, key) in a.iter_mut().zip(x) {
+                    acc[i] = _mm256_fmadd_ps(qv, key, acc[i]);
+                }
+            }
+            c += 8;
+        }
+        a.map(|acc| hsum4(acc))
+    }
+}
+
+/// Calls of [`four_row_sums`] over `n` keys: threes, and the rest (one,
+/// two or four keys) in pairs or, for a single key, alone.
+fn four_row_key_groups(n: usize) -> usize {
+    let threes = four_row_threes(n);
+    threes + (n - 3 * threes).div_ceil(2)
+}
+
+/// Threes up to where the rest splits into pairs (16 = 4·3 + 2·2).
+fn four_row_threes(n: usize) -> usize {
+    if n % 3 == 1 && n > 3 {
+        n / 3 - 1
+    } else {
+        n / 3
+    }
+}
+
+/// [`FourRowKernels::scores_softmax`]: the scores come out key by key as
+/// four-lane vectors (lane = row) and are stored key-major, so that the
+/// rows' maxima and sums are lane-wise over pairs of keys, folded once.
+///
+/// # Safety
+/// `q` is valid for `4·d` reads, `k` for `n·d` elements of encoding `E`,
+/// `w` for `4·n` writes, `max`, `sum` and `rescale` for 4 reads and
+/// writes; `d % 8 == 0`; AVX2, FMA and F16C are present.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn four_row_scores_softmax_avx2<const E: u8>(
+    q: *const f32,
+    k: *const u8,
+    n: usize,
+    d: usize,
+    w: *mut f32,
+    max: *mut f32,
+    sum: *mut f32,
+    rescale: *mut f32,
+    mut ahead: Ahead<'_>,
+) {
+    // SAFETY: keys `j..j + K` stay under `n` by the loop bounds, so every
+    // read is under `n·d` and every write under `4·n`; the state is four
+    // lanes; as the contract requires.
+    unsafe {
+        let mut j = 0;
+        while j < 3 * four_row_threes(n) {
+            ahead.step();
+            let h = four_row_sums::<E, 3>(q, k, d, d, j);
+            for (x, v) in h.into_iter().enumerate() {
+                _mm_storeu_ps(w.add(4 * (j + x)), v);
+            }
+            j += 3;
+        }
+        while j < n {
+            ahead.step();
+            if j + 1 < n {
+                let h = four_row_sums::<E, 2>(q, k, d, d, j);
+                _mm_storeu_ps(w.add(4 * j), h[0]);
+                _mm_storeu_ps(w.add(4 * j + 4), h[1]);
+                j += 2;
+            } else {
+                let [h] = four_row_sums::<E, 1>(q, k, d, d, j);
+                _mm_storeu_ps(w.add(4 * j), h);
+                j += 1;
+            }
+        }
+        // Pairs of keys as eight lanes, an odd last key as four.
+        let pairs = n / 2;
+        let old = _mm_loadu_ps(max);
+        let mut vm = _mm256_set_m128(old, old);
+        for t in 0..pairs {
+            vm = _mm256_max_ps(vm, _mm256_loadu_ps(w.add(8 * t)));
+        }
+        let mut new = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+        if n % 2 == 1 {
+            new = _mm_max_ps(new, _mm_loadu_ps(w.add(4 * (n - 1))));
+        }
+        _mm_storeu_ps(max, new);
+        // As in `softmax_four_rows`: exactly 1 where a max held.
+        let grew = _mm_cmp_ps::<_CMP_GT_OQ>(new, old);
+        let e = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
+        let factor = _mm_blendv_ps(_mm_set1_ps(1.0), e, grew);
+        _mm_storeu_ps(rescale, factor);
+        let mv = _mm256_set_m128(new, new);
+        let mut vs = _mm256_setzero_ps();
+        for t in 0..pairs {
+            let x = exp8(_mm256_sub_ps(_mm256_loadu_ps(w.add(8 * t)), mv));
+            _mm256_storeu_ps(w.add(8 * t), x);
+            vs = _mm256_add_ps(vs, x);
+        }
+        let mut total = _mm_add_ps(_mm256_castps256_ps128(vs), _mm256_extractf128_ps(vs, 1));
+        if n % 2 == 1 {
+            let at = w.add(4 * (n - 1));
+            let x = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(
+                _mm_loadu_ps(at),
+                new,
+            ))));
+            _mm_storeu_ps(at, x);
+            total = _mm_add_ps(total, x);
+        }
+        _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, total));
     }
 }
 
@@ -492,24 +680,32 @@ unsafe fn weighted_sum_avx2<const E: u8>(
         unsafe {
             let (p, acc) = (p.add(r * n), acc.add(r * d));
             match g {
-                1 => weighted_sum_group::<1, E>(p, v, n, d, acc, &mut ahead),
-                2 => weighted_sum_group::<2, E>(p, v, n, d, acc, &mut ahead),
-                3 => weighted_sum_group::<3, E>(p, v, n, d, acc, &mut ahead),
-                _ => weighted_sum_group::<4, E>(p, v, n, d, acc, &mut ahead),
+                1 => weighted_sum_group::<1, E, false>(p, v, n, d, acc, &mut ahead),
+                2 => weighted_sum_group::<2, E, false>(p, v, n, d, acc, &mut ahead),
+                3 => weighted_sum_group::<3, E, false>(p, v, n, d, acc, &mut ahead),
+                _ => weighted_sum_group::<4, E, false>(p, v, n, d, acc, &mut ahead),
             }
         }
         r += g;
     }
 }
 
+/// Where row `i`'s weight for key `j` sits among `G·n` weights: row-major
+/// (`p[i·n + j]`), or key-major (`p[j·G + i]`) with `KEY_MAJOR`.
+#[inline]
+fn weight_at<const G: usize, const KEY_MAJOR: bool>(n: usize, i: usize, j: usize) -> usize {
+    if KEY_MAJOR { j * G + i } else { i * n + j }
+}
+
 /// `acc[i] += Σ_j p[i·n + j] · v[j]` for `G` rows (`G ≤ 4`, a constant so
-/// that the accumulators stay in registers).
+/// that the accumulators stay in registers); the weights key-major with
+/// `KEY_MAJOR` ([`weight_at`]).
 ///
 /// # Safety
 /// `p` is valid for `G·n` reads, `v` for `n·d` elements of encoding `E`,
 /// `acc` for `G·d` reads and writes; AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weighted_sum_group<const G: usize, const E: u8>(
+unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>(
     p: *const f32,
     v: *const u8,
     n: usize,
@@ -528,18 +724,18 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
         let mut c = 0;
         while c + 16 <= lanes {
             ahead.step();
-            weighted_sum_columns::<G, E, 2>(p, v, n, d, acc, c);
+            weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c);
             c += 16;
         }
         if c < lanes {
             ahead.step();
-            weighted_sum_columns::<G, E, 1>(p, v, n, d, acc, c);
+            weighted_sum_columns::<G, E, 1, KEY_MAJOR>(p, v, n, d, acc, c);
         }
         for i in 0..G {
             for e in lanes..d {
                 let mut t = 0f32;
                 for j in 0..n {
-                    t += *p.add(i * n + j) * load1::<E>(v, j * d + e);
+                    t += *p.add(weight_at::<G, KEY_MAJOR>(n, i, j)) * load1::<E>(v, j * d + e);
                 }
                 *acc.add(i * d + e) += t;
             }
@@ -553,7 +749,12 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
 /// As [`weighted_sum_group`], with `c + 8·W <= d`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weighted_sum_columns<const G: usize, const E: u8, const W: usize>(
+unsafe fn weighted_sum_columns<
+    const G: usize,
+    const E: u8,
+    const W: usize,
+    const KEY_MAJOR: bool,
+>(
     p: *const f32,
     v: *const u8,
     n: usize,
@@ -562,7 +763,7 @@ unsafe fn weighted_sum_columns<const G: usize, const E: u8, const W: usize>(
     c: usize,
 ) {
     // SAFETY: columns `c..c + 8·W` are within every row of `v` and `acc`,
-    // and weights `i·n + j` within `G·n`, by the contract.
+    // and weights `weight_at(n, i, j)` within `G·n`, by the contract.
     unsafe {
         let mut a = [[_mm256_setzero_ps(); W]; G];
         for (i, row) in a.iter_mut().enumerate() {
@@ -576,7 +777,7 @@ unsafe fn weighted_sum_columns<const G: usize, const E: u8, const W: usize>(
                 *val = load8::<E>(v, j * d + c + 8 * w);
             }
             for (i, row) in a.iter_mut().enumerate() {
-                let wv = _mm256_broadcast_ss(&*p.add(i * n + j));
+                let wv = _mm256_broadcast_ss(&*p.add(weight_at::<G, KEY_MAJOR>(n, i, j)));
                 for (sum, val) in row.iter_mut().zip(vals) {
                     *sum = _mm256_fmadd_ps(wv, val, *sum);
                 }

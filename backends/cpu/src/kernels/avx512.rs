@@ -41,6 +41,7 @@ pub(super) fn kernels() -> Option<Kernels> {
         stored: Some(StoredKernels {
             scores: scores_stored,
             weighted_sum: weighted_sum_stored,
+            four_rows: None,
         }),
         prefetch: base.prefetch,
     })

@@ -45,6 +45,12 @@ pub type WeightedSumFn = fn(&[f32], usize, &[f32], usize, &mut [f32], &[u8]);
 pub type StoredScoresFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
 /// [`StoredKernels::weighted_sum`]: `(dtype, p, rows, v, n, acc, ahead)`.
 pub type StoredWeightedSumFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
+/// [`FourRowKernels::scores_softmax`]: `(dtype, q, k, n, weights, state,
+/// ahead)`.
+pub type FourRowScoresSoftmaxFn =
+    fn(KvDtype, &[f32], &[u8], usize, &mut [f32], SoftmaxState<'_>, &[u8]);
+/// [`FourRowKernels::weighted_sum`]: `(dtype, p, v, n, acc, ahead)`.
+pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[u8], usize, &mut [f32], &[u8]);
 
 /// Function table for one instruction set.
 #[derive(Clone, Copy)]
@@ -87,6 +93,25 @@ pub struct Kernels {
     pub prefetch: fn(bytes: &[u8]),
 }
 
+/// The online-softmax state of a block's query rows, as
+/// [`Kernels::softmax_rows`] updates it: each row's running `max` and
+/// `sum`, and the `rescale` factor this block applied to them.
+///
+/// ```
+/// // Four rows before their first block: no max yet, nothing summed.
+/// let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [1.0; 4]);
+/// let state = kvslice_cpu::SoftmaxState { max: &mut max, sum: &mut sum, rescale: &mut rescale };
+/// assert_eq!(state.max.len(), 4);
+/// ```
+pub struct SoftmaxState<'a> {
+    /// Running maximum score per row.
+    pub max: &'a mut [f32],
+    /// Running sum of `e^(score − max)` per row.
+    pub sum: &'a mut [f32],
+    /// Set to `e^(old max − new max)` per row (1 where the max held).
+    pub rescale: &'a mut [f32],
+}
+
 /// Score and value kernels over K/V rows in their stored encoding: no
 /// widening pass, each element converted once in registers. The engine
 /// uses them when a block's query rows fit one register group of four (GQA
@@ -97,6 +122,49 @@ pub struct StoredKernels {
     pub scores: StoredScoresFn,
     /// [`Kernels::weighted_sum`] with `v` as `n·d` elements of `dtype`.
     pub weighted_sum: StoredWeightedSumFn,
+    /// One page of GQA decode with four query rows per kv head, where the
+    /// ISA has it.
+    pub four_rows: Option<FourRowKernels>,
+}
+
+/// GQA decode's common case, four query rows that all see every key of
+/// the block, in two calls per head and page instead of three: the scores
+/// and the online softmax in one (each key's four scores come out of the
+/// dot products as the four lanes of one vector, so the maxima and sums
+/// need no horizontal shuffles), and the weighted sum. The weights pass
+/// between them key-major (`w[j·4 + i]` for key `j`, row `i`), the order
+/// the scores are made in. Head widths are a multiple of 8.
+///
+/// ```
+/// use kvslice_core::KvDtype;
+/// use kvslice_cpu::{Kernels, SoftmaxState};
+///
+/// // Four query rows of width 8 against two f32 keys of ones.
+/// let q = [0.5f32; 32];
+/// let keys: Vec<u8> = [1.0f32; 16].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// if let Some(fk) = Kernels::detect().stored.and_then(|s| s.four_rows) {
+///     let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [0.0; 4]);
+///     let state = SoftmaxState { max: &mut max, sum: &mut sum, rescale: &mut rescale };
+///     let mut w = [0f32; 8];
+///     (fk.scores_softmax)(KvDtype::F32, &q, &keys, 2, &mut w, state, &[]);
+///     assert_eq!(max, [4.0; 4]); // every score is 8 · 0.5 · 1
+///     assert_eq!((w, sum), ([1.0; 8], [2.0; 4])); // e^(4 − 4) per key
+///     let mut acc = [0f32; 32];
+///     (fk.weighted_sum)(KvDtype::F32, &w, &keys, 2, &mut acc, &[]);
+///     assert_eq!(acc, [2.0; 32]);
+/// }
+/// ```
+#[derive(Clone, Copy)]
+pub struct FourRowKernels {
+    /// Scores of four query rows (`q`, `4 × d`) against `n` keys stored
+    /// as `dtype` (`k`, `n × d`), folded into the rows' online softmax
+    /// like [`Kernels::softmax_rows`]: `weights[j·4 + i]` becomes
+    /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches `ahead` like
+    /// [`Kernels::scores`].
+    pub scores_softmax: FourRowScoresSoftmaxFn,
+    /// `acc[i] += Σ_j weights[j·4 + i] · v[j]` for four accumulators of
+    /// width `d` (`acc`, `4 × d`), `v` `n × d` stored as `dtype`.
+    pub weighted_sum: FourRowWeightedSumFn,
 }
 
 impl StoredKernels {
@@ -362,6 +430,72 @@ mod tests {
                         "{} sum n={n} r={r}",
                         k.name
                     );
+                }
+            }
+        }
+    }
+
+    /// The four-row kernels (where the ISA has them) against the general
+    /// path they replace, scores, `softmax_rows` and the weighted sum with
+    /// row-major weights, for every encoding, key counts that split every
+    /// way the key groups split them, and rows whose max starts from
+    /// nothing, holds or grows.
+    #[test]
+    fn four_row_kernels_agree_with_the_general_path() {
+        let sets: Vec<Kernels> = all()
+            .into_iter()
+            .filter(|k| k.stored.is_some_and(|s| s.four_rows.is_some()))
+            .collect();
+        if sets.is_empty() {
+            eprintln!("no four-row kernels on this CPU: nothing to compare");
+        }
+        for k in sets {
+            let (sk, fk) = (k.stored.unwrap(), k.stored.unwrap().four_rows.unwrap());
+            for d in [8usize, 16, 64, 128] {
+                for n in [1usize, 2, 3, 4, 5, 6, 7, 16, 17, 64] {
+                    let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
+                    let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.7).cos() * 0.5).collect();
+                    let ahead = vec![0u8; 256];
+                    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                        let mut bytes = vec![0u8; n * d * dtype.size_bytes()];
+                        dtype.encode_row(&vals, &mut bytes).unwrap();
+                        let case = format!("{} {dtype:?} d={d} n={n}", k.name);
+                        // General path: row-major scores, softmax, values.
+                        let mut s = vec![0f32; 4 * n];
+                        (sk.scores)(dtype, &q, 4, &bytes, n, &mut s, &ahead);
+                        let max0 = [f32::NEG_INFINITY, -1.0, 10.0, 0.5];
+                        let sum0 = [0.0, 2.5, 3.0, 1.5];
+                        let (mut max, mut sum, mut rescale) = (max0, sum0, [0f32; 4]);
+                        (k.softmax_rows)(&mut s, n, &mut max, &mut sum, &mut rescale);
+                        let mut acc = vec![0.25f32; 4 * d];
+                        (sk.weighted_sum)(dtype, &s, 4, &bytes, n, &mut acc, &ahead);
+                        // Four-row path: key-major weights.
+                        let mut w = vec![0f32; 4 * n];
+                        let (mut fmax, mut fsum, mut frescale) = (max0, sum0, [0f32; 4]);
+                        let state = SoftmaxState {
+                            max: &mut fmax,
+                            sum: &mut fsum,
+                            rescale: &mut frescale,
+                        };
+                        (fk.scores_softmax)(dtype, &q, &bytes, n, &mut w, state, &ahead);
+                        let mut facc = vec![0.25f32; 4 * d];
+                        (fk.weighted_sum)(dtype, &w, &bytes, n, &mut facc, &ahead);
+                        let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                        assert_eq!(fmax, max, "{case}: max");
+                        for i in 0..4 {
+                            assert!(close(frescale[i], rescale[i]), "{case}: rescale");
+                            assert!(close(fsum[i], sum[i]), "{case}: sum row {i}");
+                            for j in 0..n {
+                                assert!(close(w[j * 4 + i], s[i * n + j]), "{case}: weight");
+                            }
+                        }
+                        // A max that held rescales by exactly 1 (row 2
+                        // starts above every score).
+                        assert_eq!(frescale[2], 1.0, "{case}");
+                        for (x, y) in facc.iter().zip(&acc) {
+                            assert!(close(*x, *y), "{case}: weighted sum {x} vs {y}");
+                        }
+                    }
                 }
             }
         }
