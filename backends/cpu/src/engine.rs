@@ -17,9 +17,10 @@ use crate::kernels::{Kernels, SoftmaxState, StoredKernels};
 /// every query head of the GQA group and every query token, with an online
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row
-/// sets widen them to f32 once per page. Four rows that all see a page
-/// (GQA decode with four query heads per kv head) take its scores and
-/// softmax in one call where the kernels have it
+/// sets widen them to f32 once per page. Four rows that all see a whole
+/// block (GQA decode with four query heads per kv head; also two tokens
+/// of GQA 2, or four of one head, off the causal diagonal) take its
+/// scores and softmax in one call where the kernels have it
 /// ([`crate::FourRowKernels`]). A decode task takes every kv head
 /// of its pages and reads each page in address order, every head's K and
 /// then every head's V, one rising stream rather than one head's 4 KiB of
@@ -472,7 +473,8 @@ impl CpuEngine {
         let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
         let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
         // Four rows that all see the whole block (GQA decode with four
-        // query heads per kv head): scores and softmax in one call.
+        // query heads per kv head, or four token-major rows off the causal
+        // diagonal): scores and softmax in one call.
         let four = k
             .stored
             .and_then(|sk| sk.four_rows)
@@ -577,6 +579,7 @@ impl CpuEngine {
         let acc = &mut part.acc[first * hd..];
         let four = k.stored.and_then(|sk| sk.four_rows);
         if let Some(fk) = four.filter(|_| scratch.key_major[values.slot]) {
+            debug_assert_eq!(live, 4, "key-major weights hold four rows");
             (fk.weighted_sum)(dtype, weights, values.bytes, n, acc, values.ahead);
         } else if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
             (sk.weighted_sum)(dtype, weights, live, values.bytes, n, acc, values.ahead);

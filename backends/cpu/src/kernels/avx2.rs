@@ -223,7 +223,7 @@ fn four_row_scores_softmax(
         "four-row kernels: head width {d} is not a multiple of 8"
     );
     shapes::check_softmax(weights.len(), 4, n, state.sum.len(), state.rescale.len());
-    assert!(state.max.len() >= 4, "softmax_rows: shapes");
+    assert!(state.max.len() >= 4, "four-row scores_softmax: shapes");
     let ahead = Ahead::new(ahead, four_row_key_groups(n));
     let (q, k, w) = (q.as_ptr(), k.as_ptr(), weights.as_mut_ptr());
     let (max, sum, rescale) = (
