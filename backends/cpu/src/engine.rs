@@ -489,7 +489,9 @@ impl CpuEngine {
             (fk.scores_softmax)(dtype, q, keys.bytes, n, scores, state, keys.ahead);
         } else {
             let widened = &mut widened[..n * hd];
-            self.scores_then_softmax(layout, seq, q, part, keys, scores, widened, rescale, full);
+            self.scores_then_softmax(
+                dtype, keys, q, scores, widened, part, rescale, &visible, full,
+            );
         }
         for (r, &c) in (first..rows).zip(rescale.iter()) {
             if c != 1.0 {
@@ -502,25 +504,23 @@ impl CpuEngine {
 
     /// [`Self::score_block`]'s general case: the scores of rows
     /// `keys.first..` into `scores`, then their softmax, one call for the
-    /// rows from `full` on (which see every key), one per row before.
+    /// rows from `full` on (which see every key), one per row before
+    /// (row `r` sees `visible(r)` keys).
     #[allow(clippy::too_many_arguments)]
     fn scores_then_softmax(
         &self,
-        layout: &kvslice_core::KvLayout,
-        seq: &kvslice_core::SeqAttention<'_>,
-        q: &[f32],
-        part: &mut Partials,
+        dtype: kvslice_core::KvDtype,
         keys: &Block<'_>,
+        q: &[f32],
         scores: &mut [f32],
         widened: &mut [f32],
+        part: &mut Partials,
         rescale: &mut [f32],
+        visible: &dyn Fn(usize) -> usize,
         full: usize,
     ) {
         let k = &self.kernels;
-        let dtype = layout.dtype();
-        let ratio = layout.gqa_ratio() as usize;
-        let (q_len, rows, n, pos, first) =
-            (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
+        let (rows, n, first) = (part.max.len(), keys.n, keys.first);
         let live = rows - first;
         // Up to one register group of rows (GQA decode) reads K as stored;
         // more rows widen it once for all row groups.
@@ -532,7 +532,6 @@ impl CpuEngine {
         }
         // One softmax call for the rows that see the whole block, one per
         // row on the diagonal, where the hidden scores get weight 0.
-        let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
         for r in first..full {
             let (i, seen) = (r - first, visible(r));
             let s = &mut scores[i * n..(i + 1) * n];
