@@ -633,10 +633,7 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
             new = _mm_max_ps(new, _mm_loadu_ps(w.add(4 * (n - 1))));
         }
         _mm_storeu_ps(max, new);
-        // As in `softmax_four_rows`: exactly 1 where a max held.
-        let grew = _mm_cmp_ps::<_CMP_GT_OQ>(new, old);
-        let e = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
-        let factor = _mm_blendv_ps(_mm_set1_ps(1.0), e, grew);
+        let factor = rescale_factors(old, new);
         _mm_storeu_ps(rescale, factor);
         let mv = _mm256_set_m128(new, new);
         let mut vs = _mm256_setzero_ps();
@@ -910,6 +907,16 @@ unsafe fn softmax_rows_avx2(
     }
 }
 
+/// Four rows' old maxima's weights under their new ones,
+/// `e^(old − new)`, with the same polynomial as the scores; exactly 1 where
+/// a max held, as in the one-row path (also for a row still at -inf).
+#[target_feature(enable = "avx2,fma")]
+fn rescale_factors(old: __m128, new: __m128) -> __m128 {
+    let grew = _mm_cmp_ps::<_CMP_GT_OQ>(new, old);
+    let e = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
+    _mm_blendv_ps(_mm_set1_ps(1.0), e, grew)
+}
+
 /// Lane `i` of the result is the largest of `a[i]`'s eight lanes (the
 /// max counterpart of [`hsum4`]).
 #[target_feature(enable = "avx2")]
@@ -952,12 +959,7 @@ unsafe fn softmax_four_rows(
         }
         let new = hmax4(vm);
         _mm_storeu_ps(max, new);
-        // The old maxima's weights under the new ones, with the same
-        // polynomial as the scores; exactly 1 where a max held, as in the
-        // one-row path (also for a row still at -inf).
-        let grew = _mm_cmp_ps::<_CMP_GT_OQ>(new, old);
-        let e = _mm256_castps256_ps128(exp8(_mm256_castps128_ps256(_mm_sub_ps(old, new))));
-        let factor = _mm_blendv_ps(_mm_set1_ps(1.0), e, grew);
+        let factor = rescale_factors(old, new);
         _mm_storeu_ps(rescale, factor);
         let mut vs = [_mm256_setzero_ps(); 4];
         let mv = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*max.add(i)));

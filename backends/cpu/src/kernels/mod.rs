@@ -122,7 +122,7 @@ pub struct StoredKernels {
     pub scores: StoredScoresFn,
     /// [`Kernels::weighted_sum`] with `v` as `n·d` elements of `dtype`.
     pub weighted_sum: StoredWeightedSumFn,
-    /// One page of GQA decode with four query rows per kv head, where the
+    /// One block of GQA decode with four query rows per kv head, where the
     /// ISA has it.
     pub four_rows: Option<FourRowKernels>,
 }
