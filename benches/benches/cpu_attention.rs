@@ -133,6 +133,8 @@ fn decode(c: &mut Criterion) {
             let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
             let hot_batch = AttentionBatch::new(0, 0, &hot_seqs, &q, scale);
             let mut hot_out = vec![0f32; q.len()];
+            let blockwise = CpuEngine::new().with_span_keys(0);
+            let mut block_out = vec![0f32; q.len()];
             interleaved(
                 ctx,
                 span,
@@ -147,6 +149,12 @@ fn decode(c: &mut Criterion) {
                     ("decode, cache-resident pages", &mut || {
                         engine.attend(&pages, &hot_batch, &mut hot_out).unwrap();
                         black_box(&hot_out);
+                    }),
+                    // What spans of four blocks gain over one kernel call
+                    // per block, in the same rounds.
+                    ("decode, one block per call", &mut || {
+                        blockwise.attend(&pages, &batch, &mut block_out).unwrap();
+                        black_box(&block_out);
                     }),
                 ],
             );

@@ -21,7 +21,10 @@ use crate::kernels::{Kernels, SoftmaxState, StoredKernels};
 /// block (GQA decode with four query heads per kv head; also two tokens
 /// of GQA 2, or four of one head, off the causal diagonal) take its
 /// scores and softmax in one call where the kernels have it
-/// ([`crate::FourRowKernels`]). A decode task takes every kv head
+/// ([`crate::FourRowKernels`]), and take small blocks in spans of about
+/// 64 keys (four 16-token blocks) per call, so that the weighted sum
+/// keeps its accumulators in registers across them and the per-call
+/// costs are paid once per span. A decode task takes every kv head
 /// of its pages and reads each page in address order, every head's K and
 /// then every head's V, one rising stream rather than one head's 4 KiB of
 /// each. While a head's K (or V) is computed, the next region of the
@@ -52,6 +55,8 @@ pub struct CpuEngine {
     threads: usize,
     /// Pages per split-K chunk.
     chunk_pages: usize,
+    /// Keys per span of small blocks for four-row decode.
+    span_keys: usize,
 }
 
 impl Default for CpuEngine {
@@ -68,6 +73,7 @@ impl CpuEngine {
             kernels: Kernels::detect(),
             threads,
             chunk_pages: 0,
+            span_keys: SPAN_KEYS,
         }
     }
 
@@ -101,6 +107,37 @@ impl CpuEngine {
     /// With split-K chunks of `pages` pages (0 = choose automatically).
     pub fn with_chunk_pages(mut self, pages: usize) -> Self {
         self.chunk_pages = pages;
+        self
+    }
+
+    /// With spans of up to `keys` keys (default 64) where four query rows
+    /// see every key of blocks smaller than that: the blocks are taken
+    /// together, one kernel call per head for the span's scores and one
+    /// for its values (at most eight blocks). 0 takes one block at a time
+    /// (to measure what spans gain). Results agree either way up to
+    /// rounding.
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// // GQA 4 decode over 8-token blocks.
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 8, 2, 64, 8, KvDtype::F16))?;
+    /// let mut rng = Rng::new(3);
+    /// let sc = Scenario::random(layout, &[(200, 1)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let batch = AttentionBatch::new(0, 0, &seqs, &q, 0.125);
+    /// let (mut spans, mut blocks) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+    /// CpuEngine::new().attend(&sc.pages, &batch, &mut spans)?;
+    /// CpuEngine::new().with_span_keys(0).attend(&sc.pages, &batch, &mut blocks)?;
+    /// let blocks: Vec<f64> = blocks.iter().map(|&x| f64::from(x)).collect();
+    /// assert!(max_rel_err(&spans, &blocks) < 1e-5);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_span_keys(mut self, keys: usize) -> Self {
+        self.span_keys = keys;
         self
     }
 
@@ -295,14 +332,17 @@ struct Scratch {
     /// One block of K or V widened to f32 (rows beyond one register
     /// group): the scores are done with K before the values widen V.
     widened: Vec<f32>,
-    /// Each head's softmax weights of the current block, between its
-    /// scores and its values: one `rows × block_tokens` slot per head, of
-    /// which the visible rows × the block's keys are used.
+    /// Each head's softmax weights of the current span, between its
+    /// scores and its values: one slot of `slot_len` per head, of which
+    /// the visible rows × the span's keys are used.
     weights: Vec<f32>,
     /// Per slot of `weights`: whether the four-row kernels left it
     /// key-major ([`crate::FourRowKernels`]) rather than row-major.
     key_major: Vec<bool>,
     rescale: Vec<f32>,
+    /// Length of a head's slot of `weights`: rows × the keys of the
+    /// longest span.
+    slot_len: usize,
 }
 
 /// One kv head's part of a task: where its query rows (token-major, then
@@ -319,9 +359,9 @@ impl CpuEngine {
     /// Computes one chunk: for every query head of each of the task's kv
     /// heads' groups and every query token, the partial softmax state over
     /// the chunk's keys (one [`Partials`] per kv head).
-    fn run_task<P: PageMemory + ?Sized>(
+    fn run_task<'a, P: PageMemory + ?Sized>(
         &self,
-        pages: &P,
+        pages: &'a P,
         batch: &AttentionBatch<'_>,
         shape: &BatchShape,
         t: &Task,
@@ -355,54 +395,106 @@ impl CpuEngine {
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
             });
         }
+        // Four rows that see every key of several small blocks take them
+        // as one span of up to `span_keys` keys (one kernel call per head
+        // for the span's scores and one for its values); everything else
+        // goes a block at a time.
+        let four_rows =
+            rows == 4 && hd.is_multiple_of(8) && k.stored.is_some_and(|sk| sk.four_rows.is_some());
+        let max_blocks = if four_rows {
+            (self.span_keys / bt).clamp(1, SPAN_BLOCKS)
+        } else {
+            1
+        };
+        // Keys before this position are seen by every row (the first
+        // query token's causal limit).
+        let seen_by_all = (seq.kv_len + 1).saturating_sub(seq.q_len);
+        // Where the span that starts at `pos` ends: whole blocks while
+        // every row sees them, at least one block.
+        let span_end = |pos: usize| {
+            let mut end = ((pos / bt + 1) * bt).min(t.end);
+            for _ in 1..max_blocks {
+                let more = (end + bt).min(t.end);
+                if end == t.end || more > seen_by_all {
+                    break;
+                }
+                end = more;
+            }
+            end
+        };
+        // The pages of the span `pos..end`, each looked up once: as a
+        // prefetch target, then used.
+        let span_pages = |pos: usize, end: usize| -> Result<Regions<'a>> {
+            let mut span = Regions::default();
+            for block in pos / bt..end.div_ceil(bt) {
+                span.push(pages.page(seq.block_table[block])?);
+            }
+            Ok(span)
+        };
         scratch.widened.resize(bt * hd, 0.0);
-        scratch.weights.resize(heads.len() * rows * bt, 0.0);
+        scratch.slot_len = rows * bt * max_blocks;
+        scratch.weights.resize(heads.len() * scratch.slot_len, 0.0);
         scratch.key_major.resize(heads.len(), false);
         scratch.rescale.resize(rows, 1.0);
         let (first_k, first_v) = (heads[0].k.clone(), heads[0].v.clone());
         let mut pos = t.start;
-        // Each page is looked up once: as the prefetch target, then used.
-        let mut page = pages.page(seq.block_table[pos / bt])?;
+        let mut end = span_end(pos);
+        let mut span = span_pages(pos, end)?;
         while pos < t.end {
-            let block = pos / bt;
-            let from = pos % bt;
-            let upto = (t.end - block * bt).min(bt);
-            let n = upto - from;
-            let this = page;
-            let next = if (block + 1) * bt < t.end {
-                // And the first line of the page after, which starts the L2
-                // streamer there early (a small gain at 8k with one-head
-                // tasks, none measured with decode's all-head tasks;
-                // docs/BENCHMARKS.md).
-                if (block + 2) * bt < t.end {
-                    let far = pages.page(seq.block_table[block + 2])?;
+            let n = end - pos;
+            let (next, next_end) = if end < t.end {
+                let next_end = span_end(end);
+                // And the first line of the block after the next span,
+                // which starts the L2 streamer there early (a small gain
+                // at 8k with one-head tasks, none measured with decode's
+                // all-head tasks; docs/BENCHMARKS.md).
+                if next_end < t.end {
+                    let far = pages.page(seq.block_table[next_end / bt])?;
                     (k.prefetch)(&far[first_k.start..(first_k.start + 64).min(first_k.end)]);
                     (k.prefetch)(&far[first_v.start..(first_v.start + 64).min(first_v.end)]);
                 }
-                Some(pages.page(seq.block_table[block + 1])?)
+                (Some(span_pages(end, next_end)?), next_end)
             } else {
-                None
+                (None, end)
             };
             // Causal, bottom-right aligned: token `tok` sees keys
             // 0..=kv_len - q_len + tok, so rows (token-major) before
-            // `first` see nothing in this block, for every head alike (the
+            // `first` see nothing in this span, for every head alike (the
             // last token sees every key, so some row always sees it).
             let first_tok = (pos + seq.q_len).saturating_sub(seq.kv_len);
-            debug_assert!(first_tok < seq.q_len, "a block no row sees");
+            debug_assert!(first_tok < seq.q_len, "a span no row sees");
             let first = first_tok * ratio;
-            let cut =
-                |r: &std::ops::Range<usize>| r.start + from * hd * es..r.start + upto * hd * es;
-            // The page is read in address order, every head's K and then
-            // every head's V, one rising stream (docs/BENCHMARKS.md);
-            // each head's next region in that order is prefetched while
-            // it computes: the next head's K, the first head's V, the
-            // next head's V, the next page's first K.
+            // Each block's keys of the span, within a head's region `r`.
+            let cut = |r: &std::ops::Range<usize>| {
+                let mut segs = Regions::default();
+                for (i, page) in span.as_slice().iter().enumerate() {
+                    let block_start = (pos / bt + i) * bt;
+                    let from = pos.max(block_start) - block_start;
+                    let upto = end.min(block_start + bt) - block_start;
+                    segs.push(&page[r.start + from * hd * es..r.start + upto * hd * es]);
+                }
+                segs
+            };
+            // Region `r` of every page of `span` (whole, for prefetching).
+            let whole = |span: &Regions<'a>, r: &std::ops::Range<usize>| {
+                let mut regions = Regions::default();
+                for page in span.as_slice() {
+                    regions.push(&page[r.clone()]);
+                }
+                regions
+            };
+            // The span is read in address order within each page, every
+            // head's K and then every head's V (docs/BENCHMARKS.md); each
+            // head's next regions in that order are prefetched while it
+            // computes: the next head's K, the first head's V, the next
+            // head's V, the next span's first K.
             for i in 0..heads.len() {
-                let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k).clone();
+                let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k);
+                let (segs, ahead) = (cut(&heads[i].k), whole(&span, ahead));
                 let h = &mut heads[i];
                 let keys = Block {
-                    bytes: &this[cut(&h.k)],
-                    ahead: &this[ahead],
+                    segs: segs.as_slice(),
+                    ahead: ahead.as_slice(),
                     slot: i,
                     pos,
                     n,
@@ -411,15 +503,16 @@ impl CpuEngine {
                 self.score_block(layout, seq, &q[h.q.clone()], &mut h.part, &keys, scratch);
             }
             for i in 0..heads.len() {
-                let ahead: &[u8] = match (heads.get(i + 1), next) {
-                    (Some(h), _) => &this[h.v.clone()],
-                    (None, Some(np)) => &np[first_k.clone()],
-                    (None, None) => &[],
+                let ahead = match (heads.get(i + 1), &next) {
+                    (Some(h), _) => whole(&span, &h.v),
+                    (None, Some(ns)) => whole(ns, &first_k),
+                    (None, None) => Regions::default(),
                 };
+                let segs = cut(&heads[i].v);
                 let h = &mut heads[i];
                 let values = Block {
-                    bytes: &this[cut(&h.v)],
-                    ahead,
+                    segs: segs.as_slice(),
+                    ahead: ahead.as_slice(),
                     slot: i,
                     pos,
                     n,
@@ -427,10 +520,11 @@ impl CpuEngine {
                 };
                 self.value_block(layout, &mut h.part, &values, scratch);
             }
-            if let Some(np) = next {
-                page = np;
+            if let Some(ns) = next {
+                span = ns;
             }
-            pos += n;
+            pos = end;
+            end = next_end;
         }
         scratch.q = q;
         Ok(heads.into_iter().map(|h| h.part).collect())
@@ -453,7 +547,6 @@ impl CpuEngine {
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
         let ratio = layout.gqa_ratio() as usize;
-        let bt = layout.block_tokens() as usize;
         let (q_len, rows, n, pos, first) =
             (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
@@ -462,9 +555,10 @@ impl CpuEngine {
             widened,
             key_major,
             rescale,
+            slot_len,
             ..
         } = scratch;
-        let scores = &mut weights[keys.weights(rows, bt)];
+        let scores = &mut weights[keys.weights(rows, *slot_len)];
         let q = &q[first * hd..];
         // Row `r` sees a prefix of the block under the causal mask; rows
         // are token-major, so those that see all of it are a suffix
@@ -486,7 +580,7 @@ impl CpuEngine {
                 sum: &mut part.sum[first..],
                 rescale,
             };
-            (fk.scores_softmax)(dtype, q, keys.bytes, n, scores, state, keys.ahead);
+            (fk.scores_softmax)(dtype, q, keys.segs, scores, state, keys.ahead);
         } else {
             let widened = &mut widened[..n * hd];
             self.scores_then_softmax(
@@ -522,13 +616,14 @@ impl CpuEngine {
         let k = &self.kernels;
         let (rows, n, first) = (part.max.len(), keys.n, keys.first);
         let live = rows - first;
+        let (bytes, ahead) = keys.single();
         // Up to one register group of rows (GQA decode) reads K as stored;
         // more rows widen it once for all row groups.
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
-            (sk.scores)(dtype, q, live, keys.bytes, n, scores, keys.ahead);
+            (sk.scores)(dtype, q, live, bytes, n, scores, ahead);
         } else {
-            k.widen(dtype, keys.bytes, widened);
-            (k.scores)(q, live, widened, n, scores, keys.ahead);
+            k.widen(dtype, bytes, widened);
+            (k.scores)(q, live, widened, n, scores, ahead);
         }
         // One softmax call for the rows that see the whole block, one per
         // row on the diagonal, where the hidden scores get weight 0.
@@ -571,54 +666,86 @@ impl CpuEngine {
         let k = &self.kernels;
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
-        let bt = layout.block_tokens() as usize;
         let (rows, n, first) = (part.max.len(), values.n, values.first);
         let live = rows - first;
-        let weights = &scratch.weights[values.weights(rows, bt)];
+        let weights = &scratch.weights[values.weights(rows, scratch.slot_len)];
         let acc = &mut part.acc[first * hd..];
         let four = k.stored.and_then(|sk| sk.four_rows);
         if let Some(fk) = four.filter(|_| scratch.key_major[values.slot]) {
             debug_assert_eq!(live, 4, "key-major weights hold four rows");
-            (fk.weighted_sum)(dtype, weights, values.bytes, n, acc, values.ahead);
-        } else if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
-            (sk.weighted_sum)(dtype, weights, live, values.bytes, n, acc, values.ahead);
+            (fk.weighted_sum)(dtype, weights, values.segs, acc, values.ahead);
+            return;
+        }
+        let (bytes, ahead) = values.single();
+        if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+            (sk.weighted_sum)(dtype, weights, live, bytes, n, acc, ahead);
         } else {
-            k.widen(dtype, values.bytes, &mut scratch.widened[..n * hd]);
-            (k.weighted_sum)(
-                weights,
-                live,
-                &scratch.widened[..n * hd],
-                n,
-                acc,
-                values.ahead,
-            );
+            k.widen(dtype, bytes, &mut scratch.widened[..n * hd]);
+            (k.weighted_sum)(weights, live, &scratch.widened[..n * hd], n, acc, ahead);
         }
     }
 }
 
-/// One block of K or V rows of one of a task's kv heads, as stored, with
-/// what to prefetch while they are computed.
+/// Longest span, in blocks: the four-row kernels take up to this many
+/// blocks' keys in one call.
+const SPAN_BLOCKS: usize = 8;
+/// Keys a span takes by default: a weighted sum over 64 keys keeps its
+/// accumulators in registers four times as long as over one 16-token
+/// block, and the per-call costs are paid once; 128 measured no better
+/// (docs/BENCHMARKS.md).
+const SPAN_KEYS: usize = 64;
+
+/// Byte regions, one per block of a span, in order: the span's pages, or
+/// one head's rows in each (no allocation per span).
+#[derive(Default)]
+struct Regions<'a> {
+    regions: [&'a [u8]; SPAN_BLOCKS],
+    len: usize,
+}
+
+impl<'a> Regions<'a> {
+    fn push(&mut self, region: &'a [u8]) {
+        self.regions[self.len] = region;
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[&'a [u8]] {
+        &self.regions[..self.len]
+    }
+}
+
+/// One span of K or V rows of one of a task's kv heads, as stored, one
+/// segment per block, with what to prefetch while they are computed.
 struct Block<'a> {
-    bytes: &'a [u8],
-    ahead: &'a [u8],
+    segs: &'a [&'a [u8]],
+    ahead: &'a [&'a [u8]],
     /// The head's index in the task (its slot of [`Scratch::weights`]).
     slot: usize,
     /// Position of the first key.
     pos: usize,
-    /// Keys in the block.
+    /// Keys in the span.
     n: usize,
     /// The first of the task's rows (token-major) that sees any of it.
     first: usize,
 }
 
 impl Block<'_> {
-    /// This head's weights in [`Scratch::weights`] (of `rows` rows, pages
-    /// of `bt` tokens): the visible rows × the block's keys, at the start
-    /// of the head's `rows × bt` slot. The score and value phases both
-    /// index through it, so they agree on the slots.
-    fn weights(&self, rows: usize, bt: usize) -> std::ops::Range<usize> {
-        let start = self.slot * rows * bt;
+    /// This head's weights in [`Scratch::weights`] (of `rows` rows, slots
+    /// of `slot_len`): the visible rows × the span's keys, at the start of
+    /// the head's slot. The score and value phases both index through it,
+    /// so they agree on the slots.
+    fn weights(&self, rows: usize, slot_len: usize) -> std::ops::Range<usize> {
+        let start = self.slot * slot_len;
         start..start + (rows - self.first) * self.n
+    }
+
+    /// The span's only block (the general kernels take one block), and
+    /// its prefetch target.
+    fn single(&self) -> (&[u8], &[u8]) {
+        // Only four rows that see every key span several blocks, and they
+        // take the four-row kernels.
+        assert_eq!(self.segs.len(), 1, "general kernels take one block");
+        (self.segs[0], self.ahead.first().copied().unwrap_or(&[]))
     }
 }
 

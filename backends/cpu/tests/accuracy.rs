@@ -78,6 +78,50 @@ fn short_query_runs_over_every_head_agree() {
     }
 }
 
+/// Four rows that see whole blocks (GQA 4 decode; four query tokens of
+/// one head, two of GQA 2) take small blocks in spans: spans of every
+/// length the block sizes allow (up to the eight-block cap, and single
+/// blocks with spans off), cut by chunk ends and by the causal diagonal,
+/// all agree with the oracle.
+#[test]
+fn spans_of_small_blocks_agree() {
+    let mut rng = Rng::new(5);
+    // (q heads, kv heads, sequences as (kv_len, q_len))
+    type Case = (u32, u32, &'static [(usize, usize)]);
+    let cases: [Case; 3] = [
+        (8, 2, &[(517, 1), (64, 1), (3, 1)]),
+        (2, 2, &[(300, 4), (9, 4)]),
+        (4, 2, &[(250, 2), (40, 2)]),
+    ];
+    for (qh, kvh, seqs) in cases {
+        for bt in [1u32, 3, 16, 20, 64] {
+            let layout = KvLayout::new(LayoutSpec::new(1, qh, kvh, 32, bt, KvDtype::F16)).unwrap();
+            let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
+            let q = sc.random_queries(0, &mut rng).unwrap();
+            let table = sc.seq_attention(0, 0).unwrap();
+            let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
+            let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
+            for engine in [
+                CpuEngine::new(),
+                CpuEngine::new().with_span_keys(0),
+                CpuEngine::new().with_span_keys(40).with_threads(1),
+                CpuEngine::new()
+                    .with_span_keys(1000)
+                    .with_threads(3)
+                    .with_chunk_pages(5),
+            ] {
+                let mut out = vec![f32::NAN; q.len()];
+                engine.attend(&sc.pages, &batch, &mut out).unwrap();
+                let err = max_rel_err(&out, &want);
+                assert!(
+                    err < 1e-5,
+                    "{qh}/{kvh} heads, {bt}-token pages, {engine:?}: {err:e}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn split_k_and_thread_counts_agree() {
     // One page per chunk forces many partials to be merged; one thread and

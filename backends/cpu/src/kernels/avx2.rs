@@ -55,51 +55,98 @@ fn prefetch_at(at: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
 }
 
-/// The cache lines of `ahead`, prefetched in bursts of equal size spread
-/// over a kernel's loop: ⌈lines / `steps`⌉ per call to [`Ahead::step`],
-/// so all of them within `steps` calls, and the next page arrives while
-/// this one is computed without filling every line-fill buffer at once.
-/// A step costs a compare when nothing is left: kernels call it every
-/// iteration, so it walks addresses instead of slice iterators.
+/// The cache lines of `ahead` (one region, or several walked in order),
+/// prefetched in bursts of equal size spread over a kernel's loop:
+/// ⌈lines / `steps`⌉ per call to [`Ahead::step`], so all of them within
+/// `steps` calls, and the next page arrives while this one is computed
+/// without filling every line-fill buffer at once. A step costs two
+/// compares when nothing is left: kernels call it every iteration, so it
+/// walks addresses instead of slice iterators.
 pub(super) struct Ahead<'a> {
     next: *const u8,
     end: *const u8,
+    /// Regions after the one being walked.
+    rest: &'a [&'a [u8]],
     /// Bytes per burst, whole lines.
     burst: usize,
     span: std::marker::PhantomData<&'a [u8]>,
+    /// Every line walked, in order (for the tests).
+    #[cfg(test)]
+    walked: Vec<usize>,
 }
 
 impl<'a> Ahead<'a> {
     pub(super) fn new(ahead: &'a [u8], steps: usize) -> Self {
-        // The walk starts at the line holding the first byte, so a span
-        // that does not start on a line boundary still has its last line
-        // prefetched.
-        let range = ahead.as_ptr_range();
-        let start = range.start.wrapping_sub(range.start as usize % 64);
-        let lines = if ahead.is_empty() {
-            0
-        } else {
-            (range.end as usize - start as usize).div_ceil(64)
-        };
+        Self::start(ahead, &[], lines(ahead), steps)
+    }
+
+    /// The lines of every region of `ahead`, in order.
+    pub(super) fn over(ahead: &'a [&'a [u8]], steps: usize) -> Self {
+        let total = ahead.iter().map(|r| lines(r)).sum();
+        match ahead.split_first() {
+            Some((first, rest)) => Self::start(first, rest, total, steps),
+            None => Self::start(&[], &[], 0, steps),
+        }
+    }
+
+    fn start(first: &'a [u8], rest: &'a [&'a [u8]], lines: usize, steps: usize) -> Self {
+        let (next, end) = line_walk(first);
         Self {
-            next: start,
-            end: range.end,
+            next,
+            end,
+            rest,
             // Spread over every step, the last included: bursts rounded
             // to a power of two of steps (a shift instead of this
             // division) finished early, and the miss buffers then idled
             // until the next region's kernel (docs/BENCHMARKS.md).
             burst: lines.div_ceil(steps.max(1)) << 6,
             span: std::marker::PhantomData,
+            #[cfg(test)]
+            walked: Vec::new(),
         }
     }
 
     pub(super) fn step(&mut self) {
-        let stop = self.end.min(self.next.wrapping_add(self.burst));
-        while self.next < stop {
-            prefetch_at(self.next);
-            self.next = self.next.wrapping_add(64);
+        let mut left = self.burst;
+        loop {
+            let stop = self.end.min(self.next.wrapping_add(left));
+            while self.next < stop {
+                prefetch_at(self.next);
+                #[cfg(test)]
+                self.walked.push(self.next as usize / 64);
+                self.next = self.next.wrapping_add(64);
+                left -= 64;
+            }
+            if left == 0 {
+                return;
+            }
+            let Some((region, rest)) = self.rest.split_first() else {
+                return;
+            };
+            (self.next, self.end) = line_walk(region);
+            self.rest = rest;
         }
     }
+}
+
+/// Cache lines `region` touches.
+fn lines(region: &[u8]) -> usize {
+    let (start, end) = line_walk(region);
+    (end as usize - start as usize).div_ceil(64)
+}
+
+/// Where a walk over `region`'s lines starts (the line holding its first
+/// byte, so that a region that does not start on a line boundary still
+/// has its last line prefetched) and ends; empty for an empty region.
+fn line_walk(region: &[u8]) -> (*const u8, *const u8) {
+    let range = region.as_ptr_range();
+    if region.is_empty() {
+        return (range.end, range.end);
+    }
+    (
+        range.start.wrapping_sub(range.start as usize % 64),
+        range.end,
+    )
 }
 
 fn widen_f32(src: &[u8], dst: &mut [f32]) {
@@ -194,11 +241,12 @@ fn weighted_sum_stored(
     ahead: &[u8],
 ) {
     let d = shapes::weighted_sum_width(p.len(), rows, v.len(), dtype.size_bytes(), n, acc.len());
-    // One step per pass of sixteen (or a last eight) whole-vector columns.
-    let ahead = Ahead::new(ahead, (d / 8 * 8).div_ceil(16));
-    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: the shape check above bounds every access made below (`v` holds
-    // `n·d` elements of `dtype`); AVX2, FMA and F16C are present.
+    // The values as one segment of exactly `n` rows.
+    let v = [&v[..n * d * dtype.size_bytes()]];
+    let ahead = Ahead::new(ahead, weighted_sum_steps(&v, d * dtype.size_bytes(), d));
+    let (p, v, acc) = (p.as_ptr(), &v[..], acc.as_mut_ptr());
+    // SAFETY: the shape check above bounds every access made below (`v` is
+    // `n` rows of `d` elements of `dtype`); AVX2, FMA and F16C are present.
     unsafe {
         match dtype {
             KvDtype::F32 => weighted_sum_avx2::<F32>(p, rows, v, n, d, acc, ahead),
@@ -211,39 +259,44 @@ fn weighted_sum_stored(
 fn four_row_scores_softmax(
     dtype: KvDtype,
     q: &[f32],
-    k: &[u8],
-    n: usize,
+    keys: &[&[u8]],
     weights: &mut [f32],
     state: SoftmaxState<'_>,
-    ahead: &[u8],
+    ahead: &[&[u8]],
 ) {
-    let d = shapes::scores_width(q.len(), 4, k.len(), dtype.size_bytes(), n, weights.len());
+    let d = q.len() / 4;
     assert!(
         d.is_multiple_of(8),
         "four-row kernels: head width {d} is not a multiple of 8"
     );
+    let n = shapes::whole_keys(keys, d * dtype.size_bytes());
     shapes::check_softmax(weights.len(), 4, n, state.sum.len(), state.rescale.len());
     assert!(state.max.len() >= 4, "four-row scores_softmax: shapes");
-    let ahead = Ahead::new(ahead, four_row_key_groups(n));
-    let (q, k, w) = (q.as_ptr(), k.as_ptr(), weights.as_mut_ptr());
+    let steps = keys
+        .iter()
+        .map(|seg| four_row_key_groups(shapes::key_count(seg.len(), d * dtype.size_bytes())))
+        .sum();
+    let ahead = Ahead::over(ahead, steps);
+    let (q, w) = (q.as_ptr(), weights.as_mut_ptr());
     let (max, sum, rescale) = (
         state.max.as_mut_ptr(),
         state.sum.as_mut_ptr(),
         state.rescale.as_mut_ptr(),
     );
-    // SAFETY: the checks above bound every access made below (`k` holds
-    // `n·d` elements of `dtype`, `d % 8 == 0`, `weights` `4·n`, the state
-    // four rows); AVX2, FMA and F16C are present.
+    // SAFETY: the checks above bound every access made below (each segment
+    // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
+    // `d % 8 == 0`, `weights` `4·n`, the state four rows); AVX2, FMA and
+    // F16C are present.
     unsafe {
         match dtype {
             KvDtype::F32 => {
-                four_row_scores_softmax_avx2::<F32>(q, k, n, d, w, max, sum, rescale, ahead)
+                four_row_scores_softmax_avx2::<F32>(q, keys, d, w, max, sum, rescale, ahead)
             }
             KvDtype::F16 => {
-                four_row_scores_softmax_avx2::<F16>(q, k, n, d, w, max, sum, rescale, ahead)
+                four_row_scores_softmax_avx2::<F16>(q, keys, d, w, max, sum, rescale, ahead)
             }
             KvDtype::Bf16 => {
-                four_row_scores_softmax_avx2::<BF16>(q, k, n, d, w, max, sum, rescale, ahead)
+                four_row_scores_softmax_avx2::<BF16>(q, keys, d, w, max, sum, rescale, ahead)
             }
         }
     }
@@ -252,25 +305,37 @@ fn four_row_scores_softmax(
 fn four_row_weighted_sum(
     dtype: KvDtype,
     p: &[f32],
-    v: &[u8],
-    n: usize,
+    values: &[&[u8]],
     acc: &mut [f32],
-    ahead: &[u8],
+    ahead: &[&[u8]],
 ) {
-    let d = shapes::weighted_sum_width(p.len(), 4, v.len(), dtype.size_bytes(), n, acc.len());
-    // As `weighted_sum_stored`, one step per pass of columns.
-    let mut ahead = Ahead::new(ahead, (d / 8 * 8).div_ceil(16));
-    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: the shape check above bounds every access made below (`p`
-    // holds `4·n` weights, `v` `n·d` elements of `dtype`, `acc` `4·d`);
-    // AVX2, FMA and F16C are present.
+    let d = acc.len() / 4;
+    let row = d * dtype.size_bytes();
+    let n = shapes::whole_keys(values, row);
+    shapes::weighted_sum_width(p.len(), 4, n * row, dtype.size_bytes(), n, acc.len());
+    let mut ahead = Ahead::over(ahead, weighted_sum_steps(values, row, d));
+    let (p, acc) = (p.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: the shape checks above bound every access made below (`p`
+    // holds `4·n` weights, the segments `n` whole rows of `d` elements of
+    // `dtype`, `acc` `4·d`); AVX2, FMA and F16C are present.
     unsafe {
         match dtype {
-            KvDtype::F32 => weighted_sum_group::<4, F32, true>(p, v, n, d, acc, &mut ahead),
-            KvDtype::F16 => weighted_sum_group::<4, F16, true>(p, v, n, d, acc, &mut ahead),
-            KvDtype::Bf16 => weighted_sum_group::<4, BF16, true>(p, v, n, d, acc, &mut ahead),
+            KvDtype::F32 => weighted_sum_group::<4, F32, true>(p, values, n, d, acc, &mut ahead),
+            KvDtype::F16 => weighted_sum_group::<4, F16, true>(p, values, n, d, acc, &mut ahead),
+            KvDtype::Bf16 => weighted_sum_group::<4, BF16, true>(p, values, n, d, acc, &mut ahead),
         }
     }
+}
+
+/// [`Ahead`] steps of a weighted sum over `values` (rows of `row` bytes,
+/// `d` elements): [`weighted_sum_columns`] steps at the start of each
+/// segment and every sixteen keys in it, once per pass of columns.
+fn weighted_sum_steps(values: &[&[u8]], row: usize, d: usize) -> usize {
+    let per_pass: usize = values
+        .iter()
+        .map(|seg| shapes::key_count(seg.len(), row).div_ceil(16))
+        .sum();
+    per_pass * (d / 8 * 8).div_ceil(16)
 }
 
 /// Element encodings the score and value kernels read, as a const
@@ -576,18 +641,19 @@ fn four_row_threes(n: usize) -> usize {
 
 /// [`FourRowKernels::scores_softmax`]: the scores come out key by key as
 /// four-lane vectors (lane = row) and are stored key-major, so that the
-/// rows' maxima and sums are lane-wise over pairs of keys, folded once.
+/// rows' maxima and sums are lane-wise over pairs of keys, folded once
+/// over every segment's keys.
 ///
 /// # Safety
-/// `q` is valid for `4·d` reads, `k` for `n·d` elements of encoding `E`,
-/// `w` for `4·n` writes, `max`, `sum` and `rescale` for 4 reads and
-/// writes; `d % 8 == 0`; AVX2, FMA and F16C are present.
+/// `q` is valid for `4·d` reads, the segments of `keys` hold `n` whole
+/// keys of `d` elements of encoding `E` in all, `w` is valid for `4·n`
+/// writes, `max`, `sum` and `rescale` for 4 reads and writes; `d % 8 == 0`;
+/// AVX2, FMA and F16C are present.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     q: *const f32,
-    k: *const u8,
-    n: usize,
+    keys: &[&[u8]],
     d: usize,
     w: *mut f32,
     max: *mut f32,
@@ -595,31 +661,41 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     rescale: *mut f32,
     mut ahead: Ahead<'_>,
 ) {
-    // SAFETY: keys `j..j + K` stay under `n` by the loop bounds, so every
-    // read is under `n·d` and every write under `4·n`; the state is four
-    // lanes; as the contract requires.
+    // SAFETY: keys `j..j + K` stay under the segment's `m` by the loop
+    // bounds, so every read is within the segment and every write under
+    // `4·n` (`base + m ≤ n`); the state is four lanes; as the contract
+    // requires.
     unsafe {
-        let mut j = 0;
-        while j < 3 * four_row_threes(n) {
-            ahead.step();
-            let h = four_row_sums::<E, 3>(q, k, d, d, j);
-            for (x, v) in h.into_iter().enumerate() {
-                _mm_storeu_ps(w.add(4 * (j + x)), v);
+        let mut n = 0;
+        for seg in keys {
+            let (k, m, w) = (
+                seg.as_ptr(),
+                shapes::key_count(seg.len(), d * elem_bytes::<E>()),
+                w.add(4 * n),
+            );
+            let mut j = 0;
+            while j < 3 * four_row_threes(m) {
+                ahead.step();
+                let h = four_row_sums::<E, 3>(q, k, d, d, j);
+                for (x, v) in h.into_iter().enumerate() {
+                    _mm_storeu_ps(w.add(4 * (j + x)), v);
+                }
+                j += 3;
             }
-            j += 3;
-        }
-        while j < n {
-            ahead.step();
-            if j + 1 < n {
-                let h = four_row_sums::<E, 2>(q, k, d, d, j);
-                _mm_storeu_ps(w.add(4 * j), h[0]);
-                _mm_storeu_ps(w.add(4 * j + 4), h[1]);
-                j += 2;
-            } else {
-                let [h] = four_row_sums::<E, 1>(q, k, d, d, j);
-                _mm_storeu_ps(w.add(4 * j), h);
-                j += 1;
+            while j < m {
+                ahead.step();
+                if j + 1 < m {
+                    let h = four_row_sums::<E, 2>(q, k, d, d, j);
+                    _mm_storeu_ps(w.add(4 * j), h[0]);
+                    _mm_storeu_ps(w.add(4 * j + 4), h[1]);
+                    j += 2;
+                } else {
+                    let [h] = four_row_sums::<E, 1>(q, k, d, d, j);
+                    _mm_storeu_ps(w.add(4 * j), h);
+                    j += 1;
+                }
             }
+            n += m;
         }
         // Pairs of keys as eight lanes, an odd last key as four.
         let pairs = n / 2;
@@ -657,13 +733,14 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
 }
 
 /// # Safety
-/// `p` is valid for `rows·n` reads, `v` for `n·d` elements of encoding `E`,
-/// `acc` for `rows·d` reads and writes; AVX2, FMA and F16C are present.
+/// `p` is valid for `rows·n` reads, the segments of `v` hold `n` whole rows
+/// of `d` elements of encoding `E` in all, `acc` is valid for `rows·d`
+/// reads and writes; AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weighted_sum_avx2<const E: u8>(
     p: *const f32,
     rows: usize,
-    v: *const u8,
+    v: &[&[u8]],
     n: usize,
     d: usize,
     acc: *mut f32,
@@ -696,15 +773,18 @@ fn weight_at<const G: usize, const KEY_MAJOR: bool>(n: usize, i: usize, j: usize
 
 /// `acc[i] += Σ_j p[i·n + j] · v[j]` for `G` rows (`G ≤ 4`, a constant so
 /// that the accumulators stay in registers); the weights key-major with
-/// `KEY_MAJOR` ([`weight_at`]).
+/// `KEY_MAJOR` ([`weight_at`]). The value rows `v[j]` are the rows of the
+/// segments of `v` in order (the blocks of a span), so the accumulators
+/// stay in registers across all of them.
 ///
 /// # Safety
-/// `p` is valid for `G·n` reads, `v` for `n·d` elements of encoding `E`,
-/// `acc` for `G·d` reads and writes; AVX2, FMA and F16C are present.
+/// `p` is valid for `G·n` reads, the segments of `v` hold `n` whole rows of
+/// `d` elements of encoding `E` in all, `acc` is valid for `G·d` reads and
+/// writes; AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>(
     p: *const f32,
-    v: *const u8,
+    v: &[&[u8]],
     n: usize,
     d: usize,
     acc: *mut f32,
@@ -712,27 +792,31 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
 ) {
     // SAFETY: every column block below ends at or before `d / 8 * 8`, and
     // the tail loop stays under `d`, so all offsets are under `G·n`
-    // (weights), `n·d` (values) or `G·d` (accumulators), as the contract
-    // requires; AVX2 and FMA are present.
+    // (weights), a segment's rows (values) or `G·d` (accumulators), as the
+    // contract requires; AVX2 and FMA are present.
     unsafe {
         let lanes = d / 8 * 8;
         // Sixteen columns at a time (G rows × two vectors of accumulators
         // stay in registers across all `n` keys), then a last eight.
         let mut c = 0;
         while c + 16 <= lanes {
-            ahead.step();
-            weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c);
+            weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c, ahead);
             c += 16;
         }
         if c < lanes {
-            ahead.step();
-            weighted_sum_columns::<G, E, 1, KEY_MAJOR>(p, v, n, d, acc, c);
+            weighted_sum_columns::<G, E, 1, KEY_MAJOR>(p, v, n, d, acc, c, ahead);
         }
+        let row = d * elem_bytes::<E>();
         for i in 0..G {
             for e in lanes..d {
                 let mut t = 0f32;
-                for j in 0..n {
-                    t += *p.add(weight_at::<G, KEY_MAJOR>(n, i, j)) * load1::<E>(v, j * d + e);
+                let mut j = 0;
+                for seg in v {
+                    for r in 0..shapes::key_count(seg.len(), row) {
+                        t += *p.add(weight_at::<G, KEY_MAJOR>(n, i, j))
+                            * load1::<E>(seg.as_ptr(), r * d + e);
+                        j += 1;
+                    }
                 }
                 *acc.add(i * d + e) += t;
             }
@@ -740,7 +824,13 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
     }
 }
 
-/// [`weighted_sum_group`] over columns `c..c + 8·W`.
+/// Bytes per element of encoding `E`.
+const fn elem_bytes<const E: u8>() -> usize {
+    if E == F32 { 4 } else { 2 }
+}
+
+/// [`weighted_sum_group`] over columns `c..c + 8·W`, one [`Ahead`] step
+/// at the start of each segment and every sixteen keys in it.
 ///
 /// # Safety
 /// As [`weighted_sum_group`], with `c + 8·W <= d`.
@@ -753,14 +843,17 @@ unsafe fn weighted_sum_columns<
     const KEY_MAJOR: bool,
 >(
     p: *const f32,
-    v: *const u8,
+    v: &[&[u8]],
     n: usize,
     d: usize,
     acc: *mut f32,
     c: usize,
+    ahead: &mut Ahead<'_>,
 ) {
-    // SAFETY: columns `c..c + 8·W` are within every row of `v` and `acc`,
-    // and weights `weight_at(n, i, j)` within `G·n`, by the contract.
+    // SAFETY: columns `c..c + 8·W` are within every row of the segments
+    // and of `acc`; `vp` stays within its segment's rows and `wp` at key
+    // `j` (counting the rows of every segment, `n` in all) reads weights
+    // `weight_at(n, i, j)` within `G·n`, by the contract.
     unsafe {
         let mut a = [[_mm256_setzero_ps(); W]; G];
         for (i, row) in a.iter_mut().enumerate() {
@@ -768,16 +861,32 @@ unsafe fn weighted_sum_columns<
                 *sum = _mm256_loadu_ps(acc.add(i * d + c + 8 * w));
             }
         }
-        for j in 0..n {
-            let mut vals = [_mm256_setzero_ps(); W];
-            for (w, val) in vals.iter_mut().enumerate() {
-                *val = load8::<E>(v, j * d + c + 8 * w);
-            }
-            for (i, row) in a.iter_mut().enumerate() {
-                let wv = _mm256_broadcast_ss(&*p.add(weight_at::<G, KEY_MAJOR>(n, i, j)));
-                for (sum, val) in row.iter_mut().zip(vals) {
-                    *sum = _mm256_fmadd_ps(wv, val, *sum);
+        let row_bytes = d * elem_bytes::<E>();
+        // Pointers walk the keys (a value row, a key's weights) so that
+        // the loop over sixteen keys carries no index arithmetic.
+        let key_step = if KEY_MAJOR { G } else { 1 };
+        let mut wp = p;
+        for seg in v {
+            let mut vp = seg.as_ptr().add(c * elem_bytes::<E>());
+            let mut left = shapes::key_count(seg.len(), row_bytes);
+            while left > 0 {
+                ahead.step();
+                let keys = left.min(16);
+                for _ in 0..keys {
+                    let mut vals = [_mm256_setzero_ps(); W];
+                    for (w, val) in vals.iter_mut().enumerate() {
+                        *val = load8::<E>(vp, 8 * w);
+                    }
+                    for (i, row) in a.iter_mut().enumerate() {
+                        let wv = _mm256_broadcast_ss(&*wp.add(weight_at::<G, KEY_MAJOR>(n, i, 0)));
+                        for (sum, val) in row.iter_mut().zip(vals) {
+                            *sum = _mm256_fmadd_ps(wv, val, *sum);
+                        }
+                    }
+                    vp = vp.add(row_bytes);
+                    wp = wp.add(key_step);
                 }
+                left -= keys;
             }
         }
         for (i, row) in a.iter().enumerate() {
@@ -1174,35 +1283,52 @@ unsafe fn axpy_avx2(acc: *mut f32, w: f32, x: *const f32, n: usize) {
 mod tests {
     use super::Ahead;
 
-    /// Every line of the span is walked within `steps` steps, in bursts
-    /// of at most ⌈lines / steps⌉, whatever the span's alignment.
+    /// Every line of the regions is walked once, in order, within `steps`
+    /// steps, in bursts of at most ⌈lines / steps⌉, whatever the regions'
+    /// alignment and however many there are.
     #[test]
     fn the_walk_covers_every_line_within_its_steps() {
-        let buf = vec![0u8; 64 * 100];
-        let base = buf.as_ptr() as usize;
+        let buf = vec![0u8; 64 * 300];
+        let lines_of = |r: &[u8]| -> Vec<usize> {
+            let (start, end) = (r.as_ptr() as usize, r.as_ptr() as usize + r.len());
+            if r.is_empty() {
+                vec![]
+            } else {
+                (start / 64..end.div_ceil(64)).collect()
+            }
+        };
         for offset in [0, 1, 40, 63, 64] {
             for len in [0, 1, 63, 64, 65, 1000, 4096, 4097, 64 * 90] {
-                let span = &buf[offset..offset + len];
-                let first = (base + offset) / 64;
-                let lines = if len == 0 {
-                    0
-                } else {
-                    (base + offset + len).div_ceil(64) - first
-                };
-                for steps in 1..=17 {
-                    let mut walk = Ahead::new(span, steps);
-                    let mut walked = 0;
-                    for _ in 0..steps {
-                        let before = walk.next as usize;
+                let one = &buf[offset..offset + len];
+                // The same region, then two more: one that starts inside
+                // a line the first one ends in, and an empty one.
+                let more = [one, &buf[offset + len + 7..offset + len + 7 + len / 2], &[]];
+                for regions in [&more[..1], &more[..]] {
+                    let want: Vec<usize> = regions.iter().flat_map(|r| lines_of(r)).collect();
+                    for steps in 1..=17 {
+                        let mut walk = if regions.len() == 1 {
+                            Ahead::new(regions[0], steps)
+                        } else {
+                            Ahead::over(regions, steps)
+                        };
+                        let case = format!(
+                            "offset {offset}, {len} bytes, {} regions, {steps} steps",
+                            regions.len()
+                        );
+                        for _ in 0..steps {
+                            let before = walk.walked.len();
+                            walk.step();
+                            let burst = walk.walked.len() - before;
+                            assert!(burst <= want.len().div_ceil(steps), "{case}");
+                        }
+                        assert_eq!(walk.walked, want, "{case}");
                         walk.step();
-                        let burst = (walk.next as usize - before) / 64;
-                        assert!(burst <= lines.div_ceil(steps), "{offset} {len} {steps}");
-                        walked += burst;
+                        assert_eq!(
+                            walk.walked.len(),
+                            want.len(),
+                            "{case}: nothing after the last line"
+                        );
                     }
-                    assert_eq!(walked, lines, "offset {offset}, {len} bytes, {steps} steps");
-                    let at = walk.next as usize;
-                    walk.step();
-                    assert_eq!(walk.next as usize, at, "nothing after the last line");
                 }
             }
         }

@@ -45,12 +45,12 @@ pub type WeightedSumFn = fn(&[f32], usize, &[f32], usize, &mut [f32], &[u8]);
 pub type StoredScoresFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
 /// [`StoredKernels::weighted_sum`]: `(dtype, p, rows, v, n, acc, ahead)`.
 pub type StoredWeightedSumFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
-/// [`FourRowKernels::scores_softmax`]: `(dtype, q, k, n, weights, state,
+/// [`FourRowKernels::scores_softmax`]: `(dtype, q, keys, weights, state,
 /// ahead)`.
 pub type FourRowScoresSoftmaxFn =
-    fn(KvDtype, &[f32], &[u8], usize, &mut [f32], SoftmaxState<'_>, &[u8]);
-/// [`FourRowKernels::weighted_sum`]: `(dtype, p, v, n, acc, ahead)`.
-pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[u8], usize, &mut [f32], &[u8]);
+    fn(KvDtype, &[f32], &[&[u8]], &mut [f32], SoftmaxState<'_>, &[&[u8]]);
+/// [`FourRowKernels::weighted_sum`]: `(dtype, p, values, acc, ahead)`.
+pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[&[u8]], &mut [f32], &[&[u8]]);
 
 /// Function table for one instruction set.
 #[derive(Clone, Copy)]
@@ -128,44 +128,60 @@ pub struct StoredKernels {
 }
 
 /// GQA decode's common case, four query rows that all see every key of
-/// the block, in two calls per head and block instead of three: the scores
-/// and the online softmax in one (each key's four scores come out of the
-/// dot products as the four lanes of one vector, so the maxima and sums
-/// need no horizontal shuffles), and the weighted sum. The weights pass
-/// between them key-major (`w[j·4 + i]` for key `j`, row `i`), the order
-/// the scores are made in. Head widths are a multiple of 8.
+/// a span of blocks, in two calls per head and span instead of three per
+/// block: the scores and the online softmax in one (each key's four scores
+/// come out of the dot products as the four lanes of one vector, so the
+/// maxima and sums need no horizontal shuffles), and the weighted sum. The
+/// weights pass between them key-major (`w[j·4 + i]` for key `j`, row
+/// `i`), the order the scores are made in. Keys and values come as
+/// segments, one per block of the span, each of whole rows; the weighted
+/// sum keeps its accumulators in registers across all of them, so a span
+/// of several small blocks costs what one large block does. Head widths
+/// are a multiple of 8.
 ///
 /// ```
 /// use kvslice_core::KvDtype;
 /// use kvslice_cpu::{Kernels, SoftmaxState};
 ///
-/// // Four query rows of width 8 against two f32 keys of ones.
+/// // Four query rows of width 8 against three f32 keys of ones, in two
+/// // blocks (two keys, then one).
 /// let q = [0.5f32; 32];
-/// let keys: Vec<u8> = [1.0f32; 16].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// let keys: Vec<u8> = [1.0f32; 24].iter().flat_map(|x| x.to_le_bytes()).collect();
+/// let blocks: [&[u8]; 2] = [&keys[..64], &keys[64..]];
 /// // The first kernel set this CPU runs that has them (AVX2's).
 /// let four = Kernels::supported().into_iter().find_map(|k| k.stored?.four_rows);
 /// if let Some(fk) = four {
 ///     let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [0.0; 4]);
 ///     let state = SoftmaxState { max: &mut max, sum: &mut sum, rescale: &mut rescale };
-///     let mut w = [0f32; 8];
-///     (fk.scores_softmax)(KvDtype::F32, &q, &keys, 2, &mut w, state, &[]);
+///     let mut w = [0f32; 12];
+///     (fk.scores_softmax)(KvDtype::F32, &q, &blocks, &mut w, state, &[]);
 ///     assert_eq!(max, [4.0; 4]); // every score is 8 · 0.5 · 1
-///     assert_eq!((w, sum), ([1.0; 8], [2.0; 4])); // e^(4 − 4) per key
+///     assert_eq!((w, sum), ([1.0; 12], [3.0; 4])); // e^(4 − 4) per key
 ///     let mut acc = [0f32; 32];
-///     (fk.weighted_sum)(KvDtype::F32, &w, &keys, 2, &mut acc, &[]);
-///     assert_eq!(acc, [2.0; 32]);
+///     (fk.weighted_sum)(KvDtype::F32, &w, &blocks, &mut acc, &[]);
+///     assert_eq!(acc, [3.0; 32]);
 /// }
 /// ```
 #[derive(Clone, Copy)]
 pub struct FourRowKernels {
-    /// Scores of four query rows (`q`, `4 × d`) against `n` keys stored
-    /// as `dtype` (`k`, `n × d`), folded into the rows' online softmax
-    /// like [`Kernels::softmax_rows`]: `weights[j·4 + i]` becomes
-    /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches `ahead` like
-    /// [`Kernels::scores`].
+    /// Scores of four query rows (`q`, `4 × d`) against the `n` keys of
+    /// the segments of `keys` (each whole rows of `d` elements stored as
+    /// `dtype`), folded into the rows' online softmax like
+    /// [`Kernels::softmax_rows`]: `weights[j·4 + i]` becomes
+    /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches the regions
+    /// of `ahead` like [`Kernels::scores`].
+    ///
+    /// # Panics
+    /// If `d` is not a multiple of 8, a segment ends inside a row, or
+    /// `weights` or the state is too short.
     pub scores_softmax: FourRowScoresSoftmaxFn,
     /// `acc[i] += Σ_j weights[j·4 + i] · v[j]` for four accumulators of
-    /// width `d` (`acc`, `4 × d`), `v` `n × d` stored as `dtype`.
+    /// width `d` (`acc`, `4 × d`), `v[j]` the `n` rows of the segments of
+    /// `values` in order, stored as `dtype`. Prefetches the regions of
+    /// `ahead` like [`Kernels::weighted_sum`].
+    ///
+    /// # Panics
+    /// If a segment ends inside a row, or `weights` is too short.
     pub weighted_sum: FourRowWeightedSumFn,
 }
 
@@ -440,8 +456,9 @@ mod tests {
     /// The four-row kernels (where the ISA has them) against the general
     /// path they replace, scores, `softmax_rows` and the weighted sum with
     /// row-major weights, for every encoding, key counts that split every
-    /// way the key groups split them, and rows whose max starts from
-    /// nothing, holds or grows.
+    /// way the key groups split them, those keys as one segment or cut
+    /// into blocks (of 1, 16 or 5 keys and a shorter last one), and rows
+    /// whose max starts from nothing, holds or grows.
     #[test]
     fn four_row_kernels_agree_with_the_general_path() {
         let sets: Vec<Kernels> = all()
@@ -471,32 +488,42 @@ mod tests {
                         (k.softmax_rows)(&mut s, n, &mut max, &mut sum, &mut rescale);
                         let mut acc = vec![0.25f32; 4 * d];
                         (sk.weighted_sum)(dtype, &s, 4, &bytes, n, &mut acc, &ahead);
-                        // Four-row path: key-major weights.
-                        let mut w = vec![0f32; 4 * n];
-                        let (mut fmax, mut fsum, mut frescale) = (max0, sum0, [0f32; 4]);
-                        let state = SoftmaxState {
-                            max: &mut fmax,
-                            sum: &mut fsum,
-                            rescale: &mut frescale,
-                        };
-                        (fk.scores_softmax)(dtype, &q, &bytes, n, &mut w, state, &ahead);
-                        let mut facc = vec![0.25f32; 4 * d];
-                        (fk.weighted_sum)(dtype, &w, &bytes, n, &mut facc, &ahead);
-                        // Both paths make the same products in the same
-                        // order and the same per-lane `exp`: only the
-                        // sums add the weights in another order.
-                        assert_eq!((fmax, frescale), (max, rescale), "{case}: max, rescale");
-                        for i in 0..4 {
-                            let rel = (fsum[i] - sum[i]).abs() / sum[i];
-                            assert!(rel <= 1e-6, "{case}: sum row {i} off by {rel:e}");
-                            for j in 0..n {
-                                assert_eq!(w[j * 4 + i], s[i * n + j], "{case}: weight {i},{j}");
+                        for block in [n, 1, 16, 5] {
+                            let row = d * dtype.size_bytes();
+                            let segs: Vec<&[u8]> = bytes.chunks(block * row).collect();
+                            let ahead = [&ahead[..100], &ahead[130..]];
+                            let case = format!("{case} blocks of {block}");
+                            // Four-row path: key-major weights.
+                            let mut w = vec![0f32; 4 * n];
+                            let (mut fmax, mut fsum, mut frescale) = (max0, sum0, [0f32; 4]);
+                            let state = SoftmaxState {
+                                max: &mut fmax,
+                                sum: &mut fsum,
+                                rescale: &mut frescale,
+                            };
+                            (fk.scores_softmax)(dtype, &q, &segs, &mut w, state, &ahead);
+                            let mut facc = vec![0.25f32; 4 * d];
+                            (fk.weighted_sum)(dtype, &w, &segs, &mut facc, &ahead);
+                            // Both paths make the same products in the
+                            // same order and the same per-lane `exp`: only
+                            // the sums add the weights in another order.
+                            assert_eq!((fmax, frescale), (max, rescale), "{case}: max, rescale");
+                            for i in 0..4 {
+                                let rel = (fsum[i] - sum[i]).abs() / sum[i];
+                                assert!(rel <= 1e-6, "{case}: sum row {i} off by {rel:e}");
+                                for j in 0..n {
+                                    assert_eq!(
+                                        w[j * 4 + i],
+                                        s[i * n + j],
+                                        "{case}: weight {i},{j}"
+                                    );
+                                }
                             }
+                            // A max that held rescales by exactly 1 (row 2
+                            // starts above every score).
+                            assert_eq!(frescale[2], 1.0, "{case}");
+                            assert_eq!(facc, acc, "{case}: weighted sum");
                         }
-                        // A max that held rescales by exactly 1 (row 2
-                        // starts above every score).
-                        assert_eq!(frescale[2], 1.0, "{case}");
-                        assert_eq!(facc, acc, "{case}: weighted sum");
                     }
                 }
             }

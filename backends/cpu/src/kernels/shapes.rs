@@ -54,6 +54,38 @@ pub(super) fn weighted_sum_width(
     d
 }
 
+/// Keys in the segments of `segs`, each of whole rows of `row` bytes (a
+/// span's blocks).
+///
+/// # Panics
+/// If `row` is 0 or a segment ends inside a row.
+pub(super) fn whole_keys(segs: &[&[u8]], row: usize) -> usize {
+    assert!(row > 0, "segments: empty rows");
+    segs.iter()
+        .map(|seg| {
+            let keys = key_count(seg.len(), row);
+            assert_eq!(
+                keys * row,
+                seg.len(),
+                "segments: not whole rows of {row} bytes"
+            );
+            keys
+        })
+        .sum()
+}
+
+/// Rows of `row` bytes in `len` bytes, rounded down (a shift for the
+/// power-of-two rows of common shapes, as kernels count per segment on
+/// every call).
+#[inline]
+pub(super) fn key_count(len: usize, row: usize) -> usize {
+    if row.is_power_of_two() {
+        len >> row.trailing_zeros()
+    } else {
+        len / row.max(1)
+    }
+}
+
 /// Checks a softmax block of `rows` rows of `n` scores (`s_len`) with
 /// `sum_len` sums and `rescale_len` factors.
 ///
@@ -85,5 +117,19 @@ mod tests {
         // and a pass.
         let wrapped = std::panic::catch_unwind(|| scores_width(2, 0, 0, 2, usize::MAX / 2 + 1, 0));
         assert!(wrapped.is_err(), "a wrapped n·d must not pass");
+    }
+
+    #[test]
+    fn segments_count_whole_rows_and_refuse_partial_ones() {
+        let bytes = [0u8; 96];
+        assert_eq!(whole_keys(&[&bytes[..32], &bytes[32..]], 32), 3);
+        assert_eq!(whole_keys(&[&bytes[..24], &[], &bytes[..48]], 24), 3);
+        assert_eq!(whole_keys(&[], 32), 0);
+        let partial = std::panic::catch_unwind(|| whole_keys(&[&bytes[..40]], 32));
+        assert!(
+            partial.is_err(),
+            "a segment ending inside a row must not pass"
+        );
+        assert!(std::panic::catch_unwind(|| whole_keys(&[&bytes[..0]], 0)).is_err());
     }
 }
