@@ -55,10 +55,11 @@ pub(super) fn weighted_sum_width(
 }
 
 /// Keys in the segments of `segs`, each of whole rows of `row` bytes (a
-/// span's blocks).
+/// span's blocks; the x86 four-row kernels take them).
 ///
 /// # Panics
 /// If `row` is 0 or a segment ends inside a row.
+#[cfg(target_arch = "x86_64")]
 pub(super) fn whole_keys(segs: &[&[u8]], row: usize) -> usize {
     assert!(row > 0, "segments: empty rows");
     segs.iter()
@@ -77,6 +78,7 @@ pub(super) fn whole_keys(segs: &[&[u8]], row: usize) -> usize {
 /// Rows of `row` bytes in `len` bytes, rounded down (a shift for the
 /// power-of-two rows of common shapes, as kernels count per segment on
 /// every call).
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub(super) fn key_count(len: usize, row: usize) -> usize {
     if row.is_power_of_two() {
@@ -119,6 +121,7 @@ mod tests {
         assert!(wrapped.is_err(), "a wrapped n·d must not pass");
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn segments_count_whole_rows_and_refuse_partial_ones() {
         let bytes = [0u8; 96];
