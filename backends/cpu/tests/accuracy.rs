@@ -57,24 +57,12 @@ fn short_query_runs_over_every_head_agree() {
     ];
     for (qh, kvh, bt, seqs) in cases {
         let layout = KvLayout::new(LayoutSpec::new(1, qh, kvh, 32, bt, KvDtype::F16)).unwrap();
-        let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
-        let q = sc.random_queries(0, &mut rng).unwrap();
-        let table = sc.seq_attention(0, 0).unwrap();
-        let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
-        let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
-        for engine in [
+        let engines = [
             CpuEngine::new(),
             CpuEngine::new().with_threads(1),
             CpuEngine::new().with_threads(3).with_chunk_pages(1),
-        ] {
-            let mut out = vec![f32::NAN; q.len()];
-            engine.attend(&sc.pages, &batch, &mut out).unwrap();
-            let err = max_rel_err(&out, &want);
-            assert!(
-                err < 1e-5,
-                "{qh}/{kvh} heads, {bt}-token pages, {engine:?}: {err:e}"
-            );
-        }
+        ];
+        agree_with_oracle(layout, seqs, &mut rng, &engines);
     }
 }
 
@@ -96,12 +84,7 @@ fn spans_of_small_blocks_agree() {
     for (qh, kvh, seqs) in cases {
         for bt in [1u32, 3, 16, 20, 64] {
             let layout = KvLayout::new(LayoutSpec::new(1, qh, kvh, 32, bt, KvDtype::F16)).unwrap();
-            let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
-            let q = sc.random_queries(0, &mut rng).unwrap();
-            let table = sc.seq_attention(0, 0).unwrap();
-            let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
-            let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
-            for engine in [
+            let engines = [
                 CpuEngine::new(),
                 CpuEngine::new().with_span_keys(0),
                 CpuEngine::new().with_span_keys(40).with_threads(1),
@@ -109,16 +92,30 @@ fn spans_of_small_blocks_agree() {
                     .with_span_keys(1000)
                     .with_threads(3)
                     .with_chunk_pages(5),
-            ] {
-                let mut out = vec![f32::NAN; q.len()];
-                engine.attend(&sc.pages, &batch, &mut out).unwrap();
-                let err = max_rel_err(&out, &want);
-                assert!(
-                    err < 1e-5,
-                    "{qh}/{kvh} heads, {bt}-token pages, {engine:?}: {err:e}"
-                );
-            }
+            ];
+            agree_with_oracle(layout, seqs, &mut rng, &engines);
         }
+    }
+}
+
+/// Runs `engines` on one random scenario of `layout` with `seqs` (as
+/// `(kv_len, q_len)`) and asserts each within 1e-5 of the f64 oracle.
+fn agree_with_oracle(
+    layout: KvLayout,
+    seqs: &[(usize, usize)],
+    rng: &mut Rng,
+    engines: &[CpuEngine],
+) {
+    let sc = Scenario::random(layout, seqs, rng).unwrap();
+    let q = sc.random_queries(0, rng).unwrap();
+    let table = sc.seq_attention(0, 0).unwrap();
+    let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
+    let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
+    for engine in engines {
+        let mut out = vec![f32::NAN; q.len()];
+        engine.attend(&sc.pages, &batch, &mut out).unwrap();
+        let err = max_rel_err(&out, &want);
+        assert!(err < 1e-5, "{layout:?}, {seqs:?}, {engine:?}: {err:e}");
     }
 }
 
