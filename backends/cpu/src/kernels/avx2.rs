@@ -59,7 +59,7 @@ fn prefetch_at(at: *const u8) {
 /// prefetched in bursts of equal size spread over a kernel's loop:
 /// ⌈lines / `steps`⌉ per call to [`Ahead::step`], so all of them within
 /// `steps` calls, and the next page arrives while this one is computed
-/// without filling every line-fill buffer at once. A step costs two
+/// without filling every line-fill buffer at once. A step costs a few
 /// compares when nothing is left: kernels call it every iteration, so it
 /// walks addresses instead of slice iterators.
 pub(super) struct Ahead<'a> {
@@ -69,7 +69,6 @@ pub(super) struct Ahead<'a> {
     rest: &'a [&'a [u8]],
     /// Bytes per burst, whole lines.
     burst: usize,
-    span: std::marker::PhantomData<&'a [u8]>,
     /// Every line walked, in order (for the tests).
     #[cfg(test)]
     walked: Vec<usize>,
@@ -100,7 +99,6 @@ impl<'a> Ahead<'a> {
             // division) finished early, and the miss buffers then idled
             // until the next region's kernel (docs/BENCHMARKS.md).
             burst: lines.div_ceil(steps.max(1)) << 6,
-            span: std::marker::PhantomData,
             #[cfg(test)]
             walked: Vec::new(),
         }
