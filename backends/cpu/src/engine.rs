@@ -9,7 +9,7 @@ use kvslice_core::{
     Result, write_kv,
 };
 
-use crate::kernels::{Kernels, SoftmaxState, StoredKernels};
+use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 
 /// Paged attention on the CPU with SIMD kernels and threads.
 ///
@@ -399,9 +399,7 @@ impl CpuEngine {
         // as one span of up to `span_keys` keys (one kernel call per head
         // for the span's scores and one for its values); everything else
         // goes a block at a time.
-        let four_rows =
-            rows == 4 && hd.is_multiple_of(8) && k.stored.is_some_and(|sk| sk.four_rows.is_some());
-        let max_blocks = if four_rows {
+        let max_blocks = if rows == 4 && self.four_row_kernels(hd).is_some() {
             (self.span_keys / bt).clamp(1, SPAN_BLOCKS)
         } else {
             1
@@ -530,10 +528,22 @@ impl CpuEngine {
         Ok(heads.into_iter().map(|h| h.part).collect())
     }
 
-    /// Scores one block of a head's keys against its query rows from
-    /// `keys.first` on (those that see any of the block), folds them into
-    /// the rows' softmax state (rescaling their accumulators) and leaves the
-    /// weights in the head's slot of [`Scratch::weights`].
+    /// The four-row kernels, where this set has them and a head of `hd`
+    /// elements suits them: what both the span length and the kernel
+    /// choice rest on, so that they agree (only four-row calls take
+    /// spans of several blocks).
+    fn four_row_kernels(&self, hd: usize) -> Option<FourRowKernels> {
+        self.kernels
+            .stored
+            .and_then(|sk| sk.four_rows)
+            .filter(|_| hd.is_multiple_of(8))
+    }
+
+    /// Scores one span of a head's keys (one block, or several for four
+    /// rows that see them all) against its query rows from `keys.first`
+    /// on (those that see any of it), folds them into the rows' softmax
+    /// state (rescaling their accumulators) and leaves the weights in the
+    /// head's slot of [`Scratch::weights`].
     fn score_block(
         &self,
         layout: &kvslice_core::KvLayout,
@@ -543,7 +553,6 @@ impl CpuEngine {
         keys: &Block<'_>,
         scratch: &mut Scratch,
     ) {
-        let k = &self.kernels;
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
         let ratio = layout.gqa_ratio() as usize;
@@ -569,10 +578,9 @@ impl CpuEngine {
         // Four rows that all see the whole block (GQA decode with four
         // query heads per kv head, or four token-major rows off the causal
         // diagonal): scores and softmax in one call.
-        let four = k
-            .stored
-            .and_then(|sk| sk.four_rows)
-            .filter(|_| live == 4 && full == first && hd.is_multiple_of(8));
+        let four = self
+            .four_row_kernels(hd)
+            .filter(|_| live == 4 && full == first);
         key_major[keys.slot] = four.is_some();
         if let Some(fk) = four {
             let state = SoftmaxState {
@@ -653,7 +661,7 @@ impl CpuEngine {
         }
     }
 
-    /// Adds one block of a head's values, weighted by what
+    /// Adds one span of a head's values, weighted by what
     /// [`Self::score_block`] left in its slot, to the accumulators of rows
     /// `values.first..`.
     fn value_block(
@@ -670,7 +678,7 @@ impl CpuEngine {
         let live = rows - first;
         let weights = &scratch.weights[values.weights(rows, scratch.slot_len)];
         let acc = &mut part.acc[first * hd..];
-        let four = k.stored.and_then(|sk| sk.four_rows);
+        let four = self.four_row_kernels(hd);
         if let Some(fk) = four.filter(|_| scratch.key_major[values.slot]) {
             debug_assert_eq!(live, 4, "key-major weights hold four rows");
             (fk.weighted_sum)(dtype, weights, values.segs, acc, values.ahead);

@@ -240,8 +240,9 @@ fn weighted_sum_stored(
 ) {
     let d = shapes::weighted_sum_width(p.len(), rows, v.len(), dtype.size_bytes(), n, acc.len());
     // The values as one segment of exactly `n` rows.
-    let v = [&v[..n * d * dtype.size_bytes()]];
-    let ahead = Ahead::new(ahead, weighted_sum_steps(&v, d * dtype.size_bytes(), d));
+    let row = d * dtype.size_bytes();
+    let v = [&v[..n * row]];
+    let ahead = Ahead::new(ahead, weighted_sum_steps(&v, row, d));
     let (p, v, acc) = (p.as_ptr(), &v[..], acc.as_mut_ptr());
     // SAFETY: the shape check above bounds every access made below (`v` is
     // `n` rows of `d` elements of `dtype`); AVX2, FMA and F16C are present.
@@ -267,12 +268,13 @@ fn four_row_scores_softmax(
         d.is_multiple_of(8),
         "four-row kernels: head width {d} is not a multiple of 8"
     );
-    let n = shapes::whole_keys(keys, d * dtype.size_bytes());
+    let row = d * dtype.size_bytes();
+    let n = shapes::whole_keys(keys, row);
     shapes::check_softmax(weights.len(), 4, n, state.sum.len(), state.rescale.len());
     assert!(state.max.len() >= 4, "four-row scores_softmax: shapes");
     let steps = keys
         .iter()
-        .map(|seg| four_row_key_groups(shapes::key_count(seg.len(), d * dtype.size_bytes())))
+        .map(|seg| four_row_key_groups(shapes::key_count(seg.len(), row)))
         .sum();
     let ahead = Ahead::over(ahead, steps);
     let (q, w) = (q.as_ptr(), weights.as_mut_ptr());
