@@ -263,15 +263,9 @@ fn four_row_scores_softmax(
     state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
-    let d = q.len() / 4;
-    assert!(
-        d.is_multiple_of(8),
-        "four-row kernels: head width {d} is not a multiple of 8"
-    );
+    let lens = [state.max.len(), state.sum.len(), state.rescale.len()];
+    let (d, _) = shapes::four_row_scores(q.len(), keys, dtype.size_bytes(), weights.len(), lens);
     let row = d * dtype.size_bytes();
-    let n = shapes::whole_keys(keys, row);
-    shapes::check_softmax(weights.len(), 4, n, state.sum.len(), state.rescale.len());
-    assert!(state.max.len() >= 4, "four-row scores_softmax: shapes");
     let steps = keys
         .iter()
         .map(|seg| four_row_key_groups(shapes::key_count(seg.len(), row)))
@@ -309,10 +303,8 @@ fn four_row_weighted_sum(
     acc: &mut [f32],
     ahead: &[&[u8]],
 ) {
-    let d = acc.len() / 4;
+    let (d, n) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
     let row = d * dtype.size_bytes();
-    let n = shapes::whole_keys(values, row);
-    shapes::weighted_sum_width(p.len(), 4, n * row, dtype.size_bytes(), n, acc.len());
     let mut ahead = Ahead::over(ahead, weighted_sum_steps(values, row, d));
     let (p, acc) = (p.as_ptr(), acc.as_mut_ptr());
     // SAFETY: the shape checks above bound every access made below (`p`
@@ -825,7 +817,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
 }
 
 /// Bytes per element of encoding `E`.
-const fn elem_bytes<const E: u8>() -> usize {
+pub(super) const fn elem_bytes<const E: u8>() -> usize {
     if E == F32 { 4 } else { 2 }
 }
 

@@ -2,7 +2,10 @@
 //! instruction, and masked loads and stores for row tails instead of
 //! scalar loops. Every AVX-512 CPU also has AVX2, FMA and F16C, so the
 //! byte view of f32 rows, the prefetch schedule and the four-row
-//! horizontal sum are [`super::avx2`]'s.
+//! horizontal sum are [`super::avx2`]'s. The four-row decode kernels
+//! follow AVX2's scheme with four keys per score group and 64 columns per
+//! weighted-sum pass, and add up every score and weighted sum in the same
+//! order as this set's general kernels, so the two paths agree to the bit.
 //!
 //! None of the machines this project builds on has AVX-512: these kernels
 //! are tested under Bochs's AVX-512 emulation (`.ci/avx512-emulated.sh`),
@@ -13,9 +16,9 @@ use std::arch::x86_64::*;
 
 use kvslice_core::KvDtype;
 
-use super::avx2::{self, Ahead, f32_bytes, hsum4};
+use super::avx2::{self, Ahead, elem_bytes, f32_bytes, hsum4};
 use super::exp_consts::*;
-use super::{Kernels, StoredKernels, shapes};
+use super::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, shapes};
 
 /// Name of this kernel set in reports and in `KVSLICE_REQUIRE_KERNELS`.
 pub(super) const NAME: &str = "avx512f+bw+vl";
@@ -41,7 +44,10 @@ pub(super) fn kernels() -> Option<Kernels> {
         stored: Some(StoredKernels {
             scores: scores_stored,
             weighted_sum: weighted_sum_stored,
-            four_rows: None,
+            four_rows: Some(FourRowKernels {
+                scores_softmax: four_row_scores_softmax,
+                weighted_sum: four_row_weighted_sum,
+            }),
         }),
         prefetch: base.prefetch,
     })
@@ -323,6 +329,308 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8>(
                 }
             }
             c += if wide { 32 } else { 16 };
+        }
+    }
+}
+
+fn four_row_scores_softmax(
+    dtype: KvDtype,
+    q: &[f32],
+    keys: &[&[u8]],
+    weights: &mut [f32],
+    state: SoftmaxState<'_>,
+    ahead: &[&[u8]],
+) {
+    let lens = [state.max.len(), state.sum.len(), state.rescale.len()];
+    let (d, _) = shapes::four_row_scores(q.len(), keys, dtype.size_bytes(), weights.len(), lens);
+    let row = d * dtype.size_bytes();
+    let steps = keys
+        .iter()
+        .map(|seg| shapes::key_count(seg.len(), row).div_ceil(4))
+        .sum();
+    let ahead = Ahead::over(ahead, steps);
+    let (q, w) = (q.as_ptr(), weights.as_mut_ptr());
+    let state = [
+        state.max.as_mut_ptr(),
+        state.sum.as_mut_ptr(),
+        state.rescale.as_mut_ptr(),
+    ];
+    // SAFETY: the checks above bound every access made below (each segment
+    // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
+    // `d % 8 == 0`, `weights` `4·n`, the state four rows); AVX-512 F, BW
+    // and VL, AVX2, FMA and F16C are present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => {
+                four_row_scores_softmax_avx512::<{ avx2::F32 }>(q, keys, d, w, state, ahead)
+            }
+            KvDtype::F16 => {
+                four_row_scores_softmax_avx512::<{ avx2::F16 }>(q, keys, d, w, state, ahead)
+            }
+            KvDtype::Bf16 => {
+                four_row_scores_softmax_avx512::<{ avx2::BF16 }>(q, keys, d, w, state, ahead)
+            }
+        }
+    }
+}
+
+/// Dot products of four query rows with keys `j..j + K` (`K ≤ 4`): lane
+/// `i` of the `x`th result is row `i`'s against key `j + x`, summed as
+/// [`scores_group`] sums them (so both paths agree to the bit). Four keys
+/// are sixteen accumulators, four key and four query loads per sixteen
+/// FMAs: half of the 32 registers.
+///
+/// # Safety
+/// `q` is valid for `4·d` reads, `k` for `(j + K)·d` elements of encoding
+/// `E`; AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn four_row_sums<const E: u8, const K: usize>(
+    q: *const f32,
+    k: *const u8,
+    d: usize,
+    j: usize,
+) -> [__m128; K] {
+    // SAFETY: the masks keep every lane read under `(j + K)·d` (keys) or
+    // `4·d` (queries), by the contract.
+    unsafe {
+        let mut a = [[_mm512_setzero_ps(); 4]; K];
+        let mut c = 0;
+        while c < d {
+            let m = mask(d - c);
+            let mut x = [_mm512_setzero_ps(); K];
+            for (t, key) in x.iter_mut().enumerate() {
+                *key = load16::<E>(k, (j + t) * d + c, m);
+            }
+            for i in 0..4 {
+                let qv = _mm512_maskz_loadu_ps(m, q.add(i * d + c));
+                for (acc, key) in a.iter_mut().zip(x) {
+                    acc[i] = _mm512_fmadd_ps(qv, key, acc[i]);
+                }
+            }
+            c += 16;
+        }
+        a.map(|acc| hsum4(acc.map(|x| fold(x))))
+    }
+}
+
+/// [`FourRowKernels::scores_softmax`]: AVX2's key-major scheme
+/// (`avx2::four_row_scores_softmax_avx2`) with four keys per group, so
+/// that a group's scores fill one sixteen-lane vector for the maxima and
+/// `exp`, the last one masked.
+///
+/// # Safety
+/// `q` is valid for `4·d` reads, the segments of `keys` hold whole keys of
+/// `d` elements of encoding `E`, `n` in all, `w` is valid for `4·n`
+/// writes, and the three pointers of `state` (max, sum, rescale) for 4
+/// reads and writes each; AVX-512 F, BW and VL, AVX2, FMA and F16C are
+/// present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn four_row_scores_softmax_avx512<const E: u8>(
+    q: *const f32,
+    keys: &[&[u8]],
+    d: usize,
+    w: *mut f32,
+    [max, sum, rescale]: [*mut f32; 3],
+    mut ahead: Ahead<'_>,
+) {
+    // SAFETY: keys `j..j + K` stay under the segment's `m` by the loop
+    // bounds, so every read is within the segment and every write under
+    // `4·n` (`base + m ≤ n`); the masks keep the softmax's accesses under
+    // `4·n`; the state is four lanes; as the contract requires.
+    unsafe {
+        let mut n = 0;
+        for seg in keys {
+            let (k, m, w) = (
+                seg.as_ptr(),
+                shapes::key_count(seg.len(), d * elem_bytes::<E>()),
+                w.add(4 * n),
+            );
+            let mut j = 0;
+            while j < m {
+                ahead.step();
+                let group = (m - j).min(4);
+                let h: &[__m128] = match group {
+                    1 => &four_row_sums::<E, 1>(q, k, d, j),
+                    2 => &four_row_sums::<E, 2>(q, k, d, j),
+                    3 => &four_row_sums::<E, 3>(q, k, d, j),
+                    _ => &four_row_sums::<E, 4>(q, k, d, j),
+                };
+                for (x, v) in h.iter().enumerate() {
+                    _mm_storeu_ps(w.add(4 * (j + x)), *v);
+                }
+                j += group;
+            }
+            n += m;
+        }
+        // Lane `l` of a sixteen-lane step is row `l % 4`; masked-off lanes
+        // keep the running max.
+        let total = 4 * n;
+        let old = _mm_loadu_ps(max);
+        let mut vm = _mm512_broadcast_f32x4(old);
+        let mut i = 0;
+        while i < total {
+            vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, mask(total - i), w.add(i)));
+            i += 16;
+        }
+        let new = quarters(vm, |a, b| _mm_max_ps(a, b));
+        _mm_storeu_ps(max, new);
+        // The old max's weight under the new one, exactly 1 where it held
+        // (as `softmax_rows_avx512` has it).
+        let e = _mm512_castps512_ps128(exp16(_mm512_zextps128_ps512(_mm_sub_ps(old, new))));
+        let factor =
+            _mm_mask_blend_ps(_mm_cmp_ps_mask::<_CMP_GT_OQ>(new, old), _mm_set1_ps(1.0), e);
+        _mm_storeu_ps(rescale, factor);
+        let mv = _mm512_broadcast_f32x4(new);
+        let mut vs = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < total {
+            let k = mask(total - i);
+            let x = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, w.add(i)), mv));
+            _mm512_mask_storeu_ps(w.add(i), k, x);
+            vs = _mm512_mask_add_ps(vs, k, vs, x);
+            i += 16;
+        }
+        let total = quarters(vs, |a, b| _mm_add_ps(a, b));
+        _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, total));
+    }
+}
+
+/// The four 128-bit quarters of `v` combined lane-wise by `op` (lane `i`
+/// of the result covers lanes `i`, `i + 4`, `i + 8` and `i + 12`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quarters(v: __m512, op: impl Fn(__m128, __m128) -> __m128) -> __m128 {
+    let lo = op(_mm512_castps512_ps128(v), _mm512_extractf32x4_ps::<1>(v));
+    let hi = op(
+        _mm512_extractf32x4_ps::<2>(v),
+        _mm512_extractf32x4_ps::<3>(v),
+    );
+    op(lo, hi)
+}
+
+fn four_row_weighted_sum(
+    dtype: KvDtype,
+    p: &[f32],
+    values: &[&[u8]],
+    acc: &mut [f32],
+    ahead: &[&[u8]],
+) {
+    let (d, _) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
+    let row = d * dtype.size_bytes();
+    let per_pass: usize = values
+        .iter()
+        .map(|seg| shapes::key_count(seg.len(), row).div_ceil(16))
+        .sum();
+    let mut ahead = Ahead::over(ahead, per_pass * d.div_ceil(64));
+    let (p, acc) = (p.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: the shape checks above bound every access made below (`p`
+    // holds `4·n` weights, the segments `n` whole rows of `d` elements of
+    // `dtype`, `acc` `4·d`); AVX-512 F, BW and VL, AVX2, FMA and F16C are
+    // present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => {
+                four_row_weighted_sum_avx512::<{ avx2::F32 }>(p, values, d, acc, &mut ahead)
+            }
+            KvDtype::F16 => {
+                four_row_weighted_sum_avx512::<{ avx2::F16 }>(p, values, d, acc, &mut ahead)
+            }
+            KvDtype::Bf16 => {
+                four_row_weighted_sum_avx512::<{ avx2::BF16 }>(p, values, d, acc, &mut ahead)
+            }
+        }
+    }
+}
+
+/// [`FourRowKernels::weighted_sum`] in passes of 64 columns (four rows ×
+/// four vectors of accumulators stay in registers across every segment),
+/// the last pass as wide as the columns left, its last vector masked.
+///
+/// # Safety
+/// `p` is valid for `4·n` reads, the segments of `v` hold `n` whole rows
+/// of `d` elements of encoding `E` in all, `acc` is valid for `4·d` reads
+/// and writes; AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn four_row_weighted_sum_avx512<const E: u8>(
+    p: *const f32,
+    v: &[&[u8]],
+    d: usize,
+    acc: *mut f32,
+    ahead: &mut Ahead<'_>,
+) {
+    let mut c = 0;
+    while c < d {
+        // SAFETY: the pass's vectors start under `d` (`W` is the number of
+        // sixteen-column vectors left, at most four), the contract's.
+        unsafe {
+            match (d - c).div_ceil(16) {
+                1 => weighted_sum_columns::<E, 1>(p, v, d, acc, c, ahead),
+                2 => weighted_sum_columns::<E, 2>(p, v, d, acc, c, ahead),
+                3 => weighted_sum_columns::<E, 3>(p, v, d, acc, c, ahead),
+                _ => weighted_sum_columns::<E, 4>(p, v, d, acc, c, ahead),
+            }
+        }
+        c += 64;
+    }
+}
+
+/// [`four_row_weighted_sum_avx512`] over the `W` sixteen-column vectors
+/// from column `c`, each masked to `d`; one [`Ahead`] step at the start of
+/// each segment and every sixteen keys in it. Lane by lane it adds the
+/// same products in the same order as [`weighted_sum_group`].
+///
+/// # Safety
+/// As [`four_row_weighted_sum_avx512`], with `c + 16·(W − 1) < d`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn weighted_sum_columns<const E: u8, const W: usize>(
+    p: *const f32,
+    v: &[&[u8]],
+    d: usize,
+    acc: *mut f32,
+    c: usize,
+    ahead: &mut Ahead<'_>,
+) {
+    // SAFETY: the masks keep every lane access under column `d` of a row
+    // of the segments or of `acc`; `vp` stays within its segment's rows
+    // and `wp` at key `j` (counting every segment's rows, `n` in all)
+    // reads the weights `4·j..4·j + 4` within `4·n`, by the contract.
+    unsafe {
+        let m: [__mmask16; W] = std::array::from_fn(|x| mask(d - c - 16 * x));
+        let mut a = [[_mm512_setzero_ps(); W]; 4];
+        for (i, row) in a.iter_mut().enumerate() {
+            for (x, sum) in row.iter_mut().enumerate() {
+                *sum = _mm512_maskz_loadu_ps(m[x], acc.add(i * d + c + 16 * x));
+            }
+        }
+        let row_bytes = d * elem_bytes::<E>();
+        let mut wp = p;
+        for seg in v {
+            let mut vp = seg.as_ptr();
+            let mut left = shapes::key_count(seg.len(), row_bytes);
+            while left > 0 {
+                ahead.step();
+                let keys = left.min(16);
+                for _ in 0..keys {
+                    let vals: [__m512; W] =
+                        std::array::from_fn(|x| load16::<E>(vp, c + 16 * x, m[x]));
+                    for (i, row) in a.iter_mut().enumerate() {
+                        let wv = _mm512_set1_ps(*wp.add(i));
+                        for (sum, val) in row.iter_mut().zip(vals) {
+                            *sum = _mm512_fmadd_ps(wv, val, *sum);
+                        }
+                    }
+                    vp = vp.add(row_bytes);
+                    wp = wp.add(4);
+                }
+                left -= keys;
+            }
+        }
+        for (i, row) in a.iter().enumerate() {
+            for (x, sum) in row.iter().enumerate() {
+                _mm512_mask_storeu_ps(acc.add(i * d + c + 16 * x), m[x], *sum);
+            }
         }
     }
 }

@@ -148,7 +148,7 @@ pub struct StoredKernels {
 /// let q = [0.5f32; 32];
 /// let keys: Vec<u8> = [1.0f32; 24].iter().flat_map(|x| x.to_le_bytes()).collect();
 /// let blocks: [&[u8]; 2] = [&keys[..64], &keys[64..]];
-/// // The first kernel set this CPU runs that has them (AVX2's).
+/// // The first kernel set this CPU runs that has them (AVX-512's or AVX2's).
 /// let four = Kernels::supported().into_iter().find_map(|k| k.stored?.four_rows);
 /// if let Some(fk) = four {
 ///     let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [0.0; 4]);
@@ -470,7 +470,7 @@ mod tests {
         }
         for k in sets {
             let (sk, fk) = (k.stored.unwrap(), k.stored.unwrap().four_rows.unwrap());
-            for d in [8usize, 16, 64, 128] {
+            for d in [8usize, 16, 24, 40, 64, 72, 128] {
                 for n in [1usize, 2, 3, 4, 5, 6, 7, 16, 17, 64] {
                     let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
                     let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.7).cos() * 0.5).collect();

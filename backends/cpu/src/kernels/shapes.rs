@@ -88,6 +88,54 @@ pub(super) fn key_count(len: usize, row: usize) -> usize {
     }
 }
 
+/// The head width `d` and key count `n` of a four-row `scores_softmax`
+/// call: four query rows (`q_len` elements) against the keys of the
+/// segments of `keys` (`unit` bytes per element), into `weights_len`
+/// weights and a softmax state of `max_len`, `sum_len` and `rescale_len`.
+///
+/// # Panics
+/// If `d` is not a multiple of 8, a segment ends inside a row, or any
+/// buffer is too short for those shapes.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn four_row_scores(
+    q_len: usize,
+    keys: &[&[u8]],
+    unit: usize,
+    weights_len: usize,
+    [max_len, sum_len, rescale_len]: [usize; 3],
+) -> (usize, usize) {
+    let d = q_len / 4;
+    assert!(
+        d.is_multiple_of(8),
+        "four-row kernels: head width {d} is not a multiple of 8"
+    );
+    let n = whole_keys(keys, d * unit);
+    check_softmax(weights_len, 4, n, sum_len, rescale_len);
+    assert!(max_len >= 4, "four-row scores_softmax: shapes");
+    (d, n)
+}
+
+/// The head width `d` and value count `n` of a four-row `weighted_sum`
+/// call: the rows of the segments of `values` (`unit` bytes per element)
+/// into four accumulators (`acc_len` elements) with `p_len` weights.
+///
+/// # Panics
+/// If a segment ends inside a row, or any buffer is too short for those
+/// shapes.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn four_row_weighted_sum(
+    p_len: usize,
+    values: &[&[u8]],
+    unit: usize,
+    acc_len: usize,
+) -> (usize, usize) {
+    let d = acc_len / 4;
+    let row = d * unit;
+    let n = whole_keys(values, row);
+    weighted_sum_width(p_len, 4, n * row, unit, n, acc_len);
+    (d, n)
+}
+
 /// Checks a softmax block of `rows` rows of `n` scores (`s_len`) with
 /// `sum_len` sums and `rescale_len` factors.
 ///
