@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use kvslice_core::{
     AttentionBatch, AttentionEngine, BatchShape, Error, KvPart, KvWrite, PageMemory, PageMemoryMut,
-    Result, write_kv,
+    Result, SeqAttention, write_kv,
 };
 
 use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
@@ -29,7 +29,10 @@ use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 /// then every head's V, one rising stream rather than one head's 4 KiB of
 /// each. While a head's K (or V) is computed, the next region of the
 /// stream is prefetched, spread over the loops so that the line-fill
-/// buffers never all wait at once. Long contexts are cut into
+/// buffers never all wait at once. Long queries (prefill) are cut into
+/// tiles of about 256 query rows, each a task over the keys it sees, so
+/// that a tile's rows and accumulators stay in cache while K and V pass
+/// (flash attention's loop order). Long contexts are cut into
 /// chunks of pages that threads compute independently; the partial
 /// `(max, sum, output)` triples are merged by log-sum-exp, as in vLLM's
 /// paged attention v2 and flash-decoding.
@@ -57,6 +60,8 @@ pub struct CpuEngine {
     chunk_pages: usize,
     /// Keys per span of small blocks for four-row decode.
     span_keys: usize,
+    /// Query rows per tile of a long query (0 = one tile).
+    tile_rows: usize,
 }
 
 impl Default for CpuEngine {
@@ -74,6 +79,7 @@ impl CpuEngine {
             threads,
             chunk_pages: 0,
             span_keys: SPAN_KEYS,
+            tile_rows: TILE_ROWS,
         }
     }
 
@@ -141,17 +147,56 @@ impl CpuEngine {
         self
     }
 
+    /// With long queries (prefill) cut into tiles of about `rows` query
+    /// rows (query tokens × query heads per kv head; default 256), each
+    /// computed over the keys it sees as a task of its own, so that its
+    /// rows and accumulators stay in cache while every block of K and V
+    /// passes them (flash attention's loop order). 0 computes every row of
+    /// a sequence and kv head together, each block once (to measure what
+    /// tiles gain). Results agree either way up to rounding.
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// // A causal prefill of 100 tokens, GQA 4, in tiles of 8 tokens.
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 8, 2, 64, 16, KvDtype::F16))?;
+    /// let mut rng = Rng::new(5);
+    /// let sc = Scenario::random(layout, &[(100, 100)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let batch = AttentionBatch::new(0, 0, &seqs, &q, 0.125);
+    /// let (mut tiles, mut whole) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+    /// CpuEngine::new().with_query_tile_rows(32).attend(&sc.pages, &batch, &mut tiles)?;
+    /// CpuEngine::new().with_query_tile_rows(0).attend(&sc.pages, &batch, &mut whole)?;
+    /// let whole: Vec<f64> = whole.iter().map(|&x| f64::from(x)).collect();
+    /// assert!(max_rel_err(&tiles, &whole) < 1e-5);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_query_tile_rows(mut self, rows: usize) -> Self {
+        self.tile_rows = rows;
+        self
+    }
+
     /// The kernels in use (for reports).
     pub fn kernels(&self) -> &Kernels {
         &self.kernels
     }
 }
 
-/// One unit of work: a chunk of one sequence's pages for kv heads
+/// One unit of work: a chunk of one query tile's pages for kv heads
 /// `kv_head..kv_head + heads`.
 #[derive(Debug, Clone, Copy)]
-struct Task {
+struct Task<'a> {
+    /// The sequence (its index in the batch) and the tile's first query
+    /// token in it, which together name the partials to merge.
     seq: usize,
+    tile: usize,
+    /// The tile as a sequence of its own: its query tokens, and the keys
+    /// the last of them sees (causal, bottom-right aligned, so every
+    /// token keeps its position).
+    view: SeqAttention<'a>,
     kv_head: u32,
     /// One head, or (decode) every kv head, so that a page is read as one
     /// rising stream.
@@ -159,7 +204,7 @@ struct Task {
     /// Token positions of the chunk.
     start: usize,
     end: usize,
-    /// First query row of the sequence in the batch.
+    /// The tile's first query token in the batch.
     q_base: usize,
 }
 
@@ -231,19 +276,33 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             } else {
                 1
             };
-            for kv_head in (0..kv_heads).step_by(heads as usize) {
-                let mut start = 0;
-                while start < s.kv_len {
-                    let end = (start + chunk(heads)).min(s.kv_len);
-                    tasks.push(Task {
-                        seq,
-                        kv_head,
-                        heads,
-                        start,
-                        end,
-                        q_base,
-                    });
-                    start = end;
+            let tile_tokens = match self.tile_rows {
+                0 => s.q_len,
+                rows => (rows / ratio).max(1),
+            };
+            for tile in (0..s.q_len).step_by(tile_tokens.max(1)) {
+                let upto = (tile + tile_tokens).min(s.q_len);
+                let view = SeqAttention {
+                    block_table: s.block_table,
+                    kv_len: s.kv_len - (s.q_len - upto),
+                    q_len: upto - tile,
+                };
+                for kv_head in (0..kv_heads).step_by(heads as usize) {
+                    let mut start = 0;
+                    while start < view.kv_len {
+                        let end = (start + chunk(heads)).min(view.kv_len);
+                        tasks.push(Task {
+                            seq,
+                            tile,
+                            view,
+                            kv_head,
+                            heads,
+                            start,
+                            end,
+                            q_base: q_base + tile,
+                        });
+                        start = end;
+                    }
                 }
             }
             q_base += s.q_len;
@@ -292,13 +351,13 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
                 (t.kv_head..).zip(p).map(move |(h, p)| (h, t, p))
             })
             .collect();
-        parts.sort_by_key(|&(h, t, _)| (t.seq, h, t.start));
+        parts.sort_by_key(|&(h, t, _)| (t.seq, t.tile, h, t.start));
         let hd = shape.layout.head_dim() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
         let mut parts = parts.into_iter().peekable();
         while let Some((kv_head, t, mut merged)) = parts.next() {
             while let Some((_, _, more)) =
-                parts.next_if(|&(h, u, _)| (u.seq, h) == (t.seq, kv_head))
+                parts.next_if(|&(h, u, _)| (u.seq, u.tile, h) == (t.seq, t.tile, kv_head))
             {
                 merged.merge(&more, hd, &self.kernels);
             }
@@ -364,7 +423,7 @@ impl CpuEngine {
         pages: &'a P,
         batch: &AttentionBatch<'_>,
         shape: &BatchShape,
-        t: &Task,
+        t: &Task<'_>,
         scratch: &mut Scratch,
     ) -> Result<Vec<Partials>> {
         let k = &self.kernels;
@@ -373,7 +432,7 @@ impl CpuEngine {
         let es = layout.dtype().size_bytes();
         let ratio = layout.gqa_ratio() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
-        let seq = &batch.seqs[t.seq];
+        let seq = &t.view;
         let rows = ratio * seq.q_len;
         let mut heads = Vec::with_capacity(t.heads as usize);
         // Taken out of the scratch so that the blocks can borrow both.
@@ -547,7 +606,7 @@ impl CpuEngine {
     fn score_block(
         &self,
         layout: &kvslice_core::KvLayout,
-        seq: &kvslice_core::SeqAttention<'_>,
+        seq: &SeqAttention<'_>,
         q: &[f32],
         part: &mut Partials,
         keys: &Block<'_>,
@@ -702,6 +761,11 @@ const SPAN_BLOCKS: usize = 8;
 /// block, and the per-call costs are paid once; 128 measured no better
 /// (docs/BENCHMARKS.md).
 const SPAN_KEYS: usize = 64;
+
+/// Query rows per tile of a long query: 256 rows of d = 128 are 128 KiB
+/// of queries and 128 KiB of accumulators, which stay in a 512 KiB L2
+/// while K and V pass.
+const TILE_ROWS: usize = 256;
 
 /// Byte regions, one per block of a span, in order: the span's pages, or
 /// one head's rows in each (no allocation per span).

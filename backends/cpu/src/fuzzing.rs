@@ -76,7 +76,9 @@ pub fn attention(data: &[u8]) {
         .with_threads(small(&mut u, 1, 3) as usize)
         .with_chunk_pages(small(&mut u, 0, 3) as usize)
         // Spans of small blocks from none (0) to past the eight-block cap.
-        .with_span_keys(small(&mut u, 0, 80) as usize);
+        .with_span_keys(small(&mut u, 0, 80) as usize)
+        // Query tiles from none (0) through one row to several tokens.
+        .with_query_tile_rows(small(&mut u, 0, 40) as usize);
     // Any kernel set this CPU runs (the scalar one last), so that the
     // AVX2 set is fuzzed on machines that detect AVX-512 first.
     let sets = crate::Kernels::supported();

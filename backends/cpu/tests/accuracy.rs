@@ -98,6 +98,39 @@ fn spans_of_small_blocks_agree() {
     }
 }
 
+/// Long queries (prefill) are cut into tiles of query rows, each a task
+/// over the keys it sees: tiles of one token, of a few tokens (also fewer
+/// rows than the GQA group, and a row count the group does not divide),
+/// the default and none, with the causal diagonal inside and across
+/// tiles and split-K chunks, all agree with the oracle.
+#[test]
+fn query_tiles_agree() {
+    let mut rng = Rng::new(17);
+    // (q heads, kv heads, tokens per page, sequences as (kv_len, q_len))
+    type Case = (u32, u32, u32, &'static [(usize, usize)]);
+    let cases: [Case; 4] = [
+        (8, 2, 16, &[(300, 300), (120, 37), (64, 1)]),
+        (4, 4, 5, &[(90, 61), (7, 7)]),
+        (6, 2, 16, &[(200, 130)]),
+        // One kv head: a sequence's tiles follow each other in one head.
+        (4, 1, 16, &[(150, 100), (30, 30)]),
+    ];
+    for (qh, kvh, bt, seqs) in cases {
+        let layout = KvLayout::new(LayoutSpec::new(1, qh, kvh, 32, bt, KvDtype::F16)).unwrap();
+        let engines = [
+            CpuEngine::new(),
+            CpuEngine::new().with_query_tile_rows(0),
+            CpuEngine::new().with_query_tile_rows(1).with_threads(1),
+            CpuEngine::new().with_query_tile_rows(7),
+            CpuEngine::new()
+                .with_query_tile_rows(40)
+                .with_threads(3)
+                .with_chunk_pages(2),
+        ];
+        agree_with_oracle(layout, seqs, &mut rng, &engines);
+    }
+}
+
 /// Runs `engines` on one random scenario of `layout` with `seqs` (as
 /// `(kv_len, q_len)`) and asserts each within 1e-5 of the f64 oracle.
 fn agree_with_oracle(
