@@ -17,14 +17,16 @@ use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 /// every query head of the GQA group and every query token, with an online
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row
-/// sets widen them to f32 once per page. Four rows that all see a whole
+/// sets widen them to f32 once per span of blocks (below). Four rows that all see a whole
 /// block (GQA decode with four query heads per kv head; also two tokens
 /// of GQA 2, or four of one head, off the causal diagonal) take its
 /// scores and softmax in one call where the kernels have it
 /// ([`crate::FourRowKernels`]), and take small blocks in spans of about
 /// 64 keys (four 16-token blocks) per call, so that the weighted sum
 /// keeps its accumulators in registers across them and the per-call
-/// costs are paid once per span. A decode task takes every kv head
+/// costs are paid once per span; more rows that all see a span's keys
+/// (prefill off the diagonal) widen its blocks together for the same
+/// reason. A decode task takes every kv head
 /// of its pages and reads each page in address order, every head's K and
 /// then every head's V, one rising stream rather than one head's 4 KiB of
 /// each. While a head's K (or V) is computed, the next region of the
@@ -117,9 +119,10 @@ impl CpuEngine {
     }
 
     /// With spans of up to `keys` keys (default 64) where four query rows
-    /// see every key of blocks smaller than that: the blocks are taken
-    /// together, one kernel call per head for the span's scores and one
-    /// for its values (at most eight blocks). 0 takes one block at a time
+    /// (or more, which widen K and V to f32) see every key of blocks
+    /// smaller than that: the blocks are taken together, one kernel call
+    /// per head for the span's scores and one for its values (at most
+    /// eight blocks). 0 takes one block at a time
     /// (to measure what spans gain). Results agree either way up to
     /// rounding.
     ///
@@ -388,7 +391,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
 struct Scratch {
     /// Every head's query rows of a task, one after another.
     q: Vec<f32>,
-    /// One block of K or V widened to f32 (rows beyond one register
+    /// One span of K or V widened to f32 (rows beyond one register
     /// group): the scores are done with K before the values widen V.
     widened: Vec<f32>,
     /// Each head's softmax weights of the current span, between its
@@ -458,7 +461,9 @@ impl CpuEngine {
         // as one span of up to `span_keys` keys (one kernel call per head
         // for the span's scores and one for its values); everything else
         // goes a block at a time.
-        let max_blocks = if rows == 4 && self.four_row_kernels(hd).is_some() {
+        let spans =
+            (rows == 4 && self.four_row_kernels(hd).is_some()) || rows > StoredKernels::MAX_ROWS;
+        let max_blocks = if spans {
             (self.span_keys / bt).clamp(1, SPAN_BLOCKS)
         } else {
             1
@@ -488,7 +493,7 @@ impl CpuEngine {
             }
             Ok(span)
         };
-        scratch.widened.resize(bt * hd, 0.0);
+        scratch.widened.resize(bt * hd * max_blocks, 0.0);
         scratch.slot_len = rows * bt * max_blocks;
         scratch.weights.resize(heads.len() * scratch.slot_len, 0.0);
         scratch.key_major.resize(heads.len(), false);
@@ -683,13 +688,13 @@ impl CpuEngine {
         let k = &self.kernels;
         let (rows, n, first) = (part.max.len(), keys.n, keys.first);
         let live = rows - first;
-        let (bytes, ahead) = keys.single();
         // Up to one register group of rows (GQA decode) reads K as stored;
         // more rows widen it once for all row groups.
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+            let (bytes, ahead) = keys.single();
             (sk.scores)(dtype, q, live, bytes, n, scores, ahead);
         } else {
-            k.widen(dtype, bytes, widened);
+            let ahead = keys.widen(k, dtype, widened);
             (k.scores)(q, live, widened, n, scores, ahead);
         }
         // One softmax call for the rows that see the whole block, one per
@@ -743,18 +748,19 @@ impl CpuEngine {
             (fk.weighted_sum)(dtype, weights, values.segs, acc, values.ahead);
             return;
         }
-        let (bytes, ahead) = values.single();
         if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+            let (bytes, ahead) = values.single();
             (sk.weighted_sum)(dtype, weights, live, bytes, n, acc, ahead);
         } else {
-            k.widen(dtype, bytes, &mut scratch.widened[..n * hd]);
-            (k.weighted_sum)(weights, live, &scratch.widened[..n * hd], n, acc, ahead);
+            let widened = &mut scratch.widened[..n * hd];
+            let ahead = values.widen(k, dtype, widened);
+            (k.weighted_sum)(weights, live, widened, n, acc, ahead);
         }
     }
 }
 
-/// Longest span, in blocks: the four-row kernels take up to this many
-/// blocks' keys in one call.
+/// Longest span, in blocks: a kernel call takes up to this many blocks'
+/// keys.
 const SPAN_BLOCKS: usize = 8;
 /// Keys a span takes by default: a weighted sum over 64 keys keeps its
 /// accumulators in registers four times as long as over one 16-token
@@ -811,13 +817,26 @@ impl Block<'_> {
         start..start + (rows - self.first) * self.n
     }
 
-    /// The span's only block (the general kernels take one block), and
-    /// its prefetch target.
+    /// The span's only block (the general kernels read stored rows one
+    /// block at a time), and its prefetch target.
     fn single(&self) -> (&[u8], &[u8]) {
-        // Only four rows that see every key span several blocks, and they
-        // take the four-row kernels.
-        assert_eq!(self.segs.len(), 1, "general kernels take one block");
+        // Spans of several blocks go to the four-row kernels or, for more
+        // than four rows, through `widen`.
+        assert_eq!(self.segs.len(), 1, "stored-row kernels take one block");
         (self.segs[0], self.ahead.first().copied().unwrap_or(&[]))
+    }
+
+    /// The span's rows widened to f32 into `out` (`n·d`, block after
+    /// block), and the prefetch target of the kernel that reads them: the
+    /// first region ahead (the general kernels walk one).
+    fn widen(&self, k: &Kernels, dtype: kvslice_core::KvDtype, out: &mut [f32]) -> &[u8] {
+        let mut at = 0;
+        for seg in self.segs {
+            let len = seg.len() / dtype.size_bytes();
+            k.widen(dtype, seg, &mut out[at..at + len]);
+            at += len;
+        }
+        self.ahead.first().copied().unwrap_or(&[])
     }
 }
 

@@ -102,7 +102,8 @@ fn spans_of_small_blocks_agree() {
 /// over the keys it sees: tiles of one token, of a few tokens (also fewer
 /// rows than the GQA group, and a row count the group does not divide),
 /// the default and none, with the causal diagonal inside and across
-/// tiles and split-K chunks, all agree with the oracle.
+/// tiles and split-K chunks, and spans of blocks widened together (off,
+/// default, the eight-block cap), all agree with the oracle.
 #[test]
 fn query_tiles_agree() {
     let mut rng = Rng::new(17);
@@ -121,9 +122,10 @@ fn query_tiles_agree() {
             CpuEngine::new(),
             CpuEngine::new().with_query_tile_rows(0),
             CpuEngine::new().with_query_tile_rows(1).with_threads(1),
-            CpuEngine::new().with_query_tile_rows(7),
+            CpuEngine::new().with_query_tile_rows(7).with_span_keys(0),
             CpuEngine::new()
                 .with_query_tile_rows(40)
+                .with_span_keys(1000)
                 .with_threads(3)
                 .with_chunk_pages(2),
         ];
