@@ -659,12 +659,8 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     // requires.
     unsafe {
         let mut n = 0;
-        for seg in keys {
-            let (k, m, w) = (
-                seg.as_ptr(),
-                shapes::key_count(seg.len(), d * elem_bytes::<E>()),
-                w.add(4 * n),
-            );
+        for (k, m) in shapes::segment_rows(keys, d * elem_bytes::<E>()) {
+            let w = w.add(4 * n);
             let mut j = 0;
             while j < 3 * four_row_threes(m) {
                 ahead.step();
@@ -858,9 +854,8 @@ unsafe fn weighted_sum_columns<
         // the loop over sixteen keys carries no index arithmetic.
         let key_step = if KEY_MAJOR { G } else { 1 };
         let mut wp = p;
-        for seg in v {
-            let mut vp = seg.as_ptr().add(c * elem_bytes::<E>());
-            let mut left = shapes::key_count(seg.len(), row_bytes);
+        for (vp, mut left) in shapes::segment_rows(v, row_bytes) {
+            let mut vp = vp.add(c * elem_bytes::<E>());
             while left > 0 {
                 ahead.step();
                 let keys = left.min(16);

@@ -440,12 +440,8 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
     // `4·n`; the state is four lanes; as the contract requires.
     unsafe {
         let mut n = 0;
-        for seg in keys {
-            let (k, m, w) = (
-                seg.as_ptr(),
-                shapes::key_count(seg.len(), d * elem_bytes::<E>()),
-                w.add(4 * n),
-            );
+        for (k, m) in shapes::segment_rows(keys, d * elem_bytes::<E>()) {
+            let w = w.add(4 * n);
             let mut j = 0;
             while j < m {
                 ahead.step();
@@ -467,12 +463,7 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
         // keep the running max.
         let total = 4 * n;
         let old = _mm_loadu_ps(max);
-        let mut vm = _mm512_broadcast_f32x4(old);
-        let mut i = 0;
-        while i < total {
-            vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, mask(total - i), w.add(i)));
-            i += 16;
-        }
+        let vm = max_lanes(w, total, _mm512_broadcast_f32x4(old));
         let new = quarters(vm, |a, b| _mm_max_ps(a, b));
         _mm_storeu_ps(max, new);
         // The old max's weight under the new one, exactly 1 where it held
@@ -481,16 +472,7 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
         let factor =
             _mm_mask_blend_ps(_mm_cmp_ps_mask::<_CMP_GT_OQ>(new, old), _mm_set1_ps(1.0), e);
         _mm_storeu_ps(rescale, factor);
-        let mv = _mm512_broadcast_f32x4(new);
-        let mut vs = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < total {
-            let k = mask(total - i);
-            let x = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, w.add(i)), mv));
-            _mm512_mask_storeu_ps(w.add(i), k, x);
-            vs = _mm512_mask_add_ps(vs, k, vs, x);
-            i += 16;
-        }
+        let vs = exp_shifted(w, total, _mm512_broadcast_f32x4(new));
         let total = quarters(vs, |a, b| _mm_add_ps(a, b));
         _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, total));
     }
@@ -606,9 +588,7 @@ unsafe fn weighted_sum_columns<const E: u8, const W: usize>(
         }
         let row_bytes = d * elem_bytes::<E>();
         let mut wp = p;
-        for seg in v {
-            let mut vp = seg.as_ptr();
-            let mut left = shapes::key_count(seg.len(), row_bytes);
+        for (mut vp, mut left) in shapes::segment_rows(v, row_bytes) {
             while left > 0 {
                 ahead.step();
                 let keys = left.min(16);
@@ -673,14 +653,7 @@ unsafe fn softmax_rows_avx512(
         for r in 0..rows {
             let row = s.add(r * n);
             let old = *max.add(r);
-            let mut vm = _mm512_set1_ps(old);
-            let mut i = 0;
-            while i < n {
-                // Masked-off lanes keep the running max.
-                vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, mask(n - i), row.add(i)));
-                i += 16;
-            }
-            let m = _mm512_reduce_max_ps(vm);
+            let m = _mm512_reduce_max_ps(max_lanes(row, n, _mm512_set1_ps(old)));
             // The old max's weight under the new one, with the same
             // polynomial as the scores (exactly 1 when the max held).
             *rescale.add(r) = if m > old {
@@ -692,19 +665,55 @@ unsafe fn softmax_rows_avx512(
         }
         for r in 0..rows {
             let row = s.add(r * n);
-            let mv = _mm512_set1_ps(*max.add(r));
-            let mut vs = _mm512_setzero_ps();
-            let mut i = 0;
-            while i < n {
-                let k = mask(n - i);
-                let x = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row.add(i)), mv));
-                _mm512_mask_storeu_ps(row.add(i), k, x);
-                vs = _mm512_mask_add_ps(vs, k, vs, x);
-                i += 16;
-            }
+            let vs = exp_shifted(row, n, _mm512_set1_ps(*max.add(r)));
             *sum.add(r) = *sum.add(r) * *rescale.add(r) + _mm512_reduce_add_ps(vs);
         }
     }
+}
+
+/// The lane-wise maximum of `start` and the `len` elements of `x`, read
+/// sixteen at a time; lane `l` covers the elements `l`, `l + 16`, ...
+/// (masked-off lanes of the last step keep their running max).
+///
+/// # Safety
+/// `x` is valid for `len` reads; AVX-512 F is present.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_lanes(x: *const f32, len: usize, start: __m512) -> __m512 {
+    let mut vm = start;
+    let mut i = 0;
+    while i < len {
+        // SAFETY: the mask keeps every access below `len`.
+        vm = _mm512_max_ps(vm, unsafe {
+            _mm512_mask_loadu_ps(vm, mask(len - i), x.add(i))
+        });
+        i += 16;
+    }
+    vm
+}
+
+/// `x[i] = e^(x[i] − m)` for the `len` elements of `x`, lane `i % 16` of
+/// `m` for element `i`, sixteen at a time with the last step masked;
+/// returns the lane-wise sums of the results.
+///
+/// # Safety
+/// `x` is valid for `len` reads and writes; AVX-512 F is present.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_shifted(x: *mut f32, len: usize, m: __m512) -> __m512 {
+    let mut vs = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < len {
+        let k = mask(len - i);
+        // SAFETY: the mask keeps every access below `len`.
+        unsafe {
+            let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x.add(i)), m));
+            _mm512_mask_storeu_ps(x.add(i), k, e);
+            vs = _mm512_mask_add_ps(vs, k, vs, e);
+        }
+        i += 16;
+    }
+    vs
 }
 
 fn exp(xs: &mut [f32]) {

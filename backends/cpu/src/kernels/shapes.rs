@@ -75,6 +75,17 @@ pub(super) fn whole_keys(segs: &[&[u8]], row: usize) -> usize {
         .sum()
 }
 
+/// Each segment of `segs` as its first byte and its count of whole rows
+/// of `row` bytes, in order (how the x86 kernels walk a span's blocks).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn segment_rows<'s>(
+    segs: &'s [&'s [u8]],
+    row: usize,
+) -> impl Iterator<Item = (*const u8, usize)> + 's {
+    segs.iter()
+        .map(move |seg| (seg.as_ptr(), key_count(seg.len(), row)))
+}
+
 /// Rows of `row` bytes in `len` bytes, rounded down (a shift for the
 /// power-of-two rows of common shapes, as kernels count per segment on
 /// every call).
