@@ -1,6 +1,7 @@
 //! CPU paged attention: decode bandwidth against a STREAM-like read loop
 //! and (with `--features candle`) candle's CPU flash attention, and prefill
-//! GFLOP/s against the machine's measured FMA peak, all in one run.
+//! GFLOP/s (with query tiles, and without) against the machine's measured
+//! FMA peak, all in one run.
 //!
 //! Decode workload (the issue's): 32 query heads, 8 kv heads, head_dim 128,
 //! f16 K/V in 16-token pages, batch 8, contexts 1k, 8k and 32k.
@@ -400,17 +401,22 @@ fn prefill(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Elements(flops as u64));
-    g.bench_function("kvslice_cpu", |b| {
-        b.iter(|| {
-            engine
-                .attend(
-                    &pages,
-                    &AttentionBatch::new(0, 0, &seqs, &q, 0.088),
-                    &mut out,
-                )
-                .unwrap()
-        })
-    });
+    // The same prefill with every query row of a kv head in one task
+    // (no query tiles), so that what tiles gain is measured in this run.
+    let untiled = CpuEngine::new().with_query_tile_rows(0);
+    for (name, engine) in [("kvslice_cpu", &engine), ("kvslice_cpu_untiled", &untiled)] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                engine
+                    .attend(
+                        &pages,
+                        &AttentionBatch::new(0, 0, &seqs, &q, 0.088),
+                        &mut out,
+                    )
+                    .unwrap()
+            })
+        });
+    }
     g.finish();
     // Trials before and after the prefill rows, seconds apart: one window
     // of five read 102 GFLOP/s (half the machine) on a shared VM.
