@@ -260,38 +260,23 @@ fn four_row_scores_softmax(
     q: &[f32],
     keys: &[&[u8]],
     weights: &mut [f32],
-    state: SoftmaxState<'_>,
+    mut state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
-    let lens = [state.max.len(), state.sum.len(), state.rescale.len()];
-    let (d, _) = shapes::four_row_scores(q.len(), keys, dtype.size_bytes(), weights.len(), lens);
-    let row = d * dtype.size_bytes();
-    let steps = keys
-        .iter()
-        .map(|seg| four_row_key_groups(shapes::key_count(seg.len(), row)))
-        .sum();
+    let size = dtype.size_bytes();
+    let (d, _) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
+    let steps = shapes::segment_steps(keys, d * size, four_row_key_groups);
     let ahead = Ahead::over(ahead, steps);
-    let (q, w) = (q.as_ptr(), weights.as_mut_ptr());
-    let (max, sum, rescale) = (
-        state.max.as_mut_ptr(),
-        state.sum.as_mut_ptr(),
-        state.rescale.as_mut_ptr(),
-    );
+    let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
     // SAFETY: the checks above bound every access made below (each segment
     // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
     // `d % 8 == 0`, `weights` `4·n`, the state four rows); AVX2, FMA and
     // F16C are present.
     unsafe {
         match dtype {
-            KvDtype::F32 => {
-                four_row_scores_softmax_avx2::<F32>(q, keys, d, w, max, sum, rescale, ahead)
-            }
-            KvDtype::F16 => {
-                four_row_scores_softmax_avx2::<F16>(q, keys, d, w, max, sum, rescale, ahead)
-            }
-            KvDtype::Bf16 => {
-                four_row_scores_softmax_avx2::<BF16>(q, keys, d, w, max, sum, rescale, ahead)
-            }
+            KvDtype::F32 => four_row_scores_softmax_avx2::<F32>(q, keys, d, w, state, ahead),
+            KvDtype::F16 => four_row_scores_softmax_avx2::<F16>(q, keys, d, w, state, ahead),
+            KvDtype::Bf16 => four_row_scores_softmax_avx2::<BF16>(q, keys, d, w, state, ahead),
         }
     }
 }
@@ -323,11 +308,7 @@ fn four_row_weighted_sum(
 /// `d` elements): [`weighted_sum_columns`] steps at the start of each
 /// segment and every sixteen keys in it, once per pass of columns.
 fn weighted_sum_steps(values: &[&[u8]], row: usize, d: usize) -> usize {
-    let per_pass: usize = values
-        .iter()
-        .map(|seg| shapes::key_count(seg.len(), row).div_ceil(16))
-        .sum();
-    per_pass * (d / 8 * 8).div_ceil(16)
+    shapes::segment_steps(values, row, |m| m.div_ceil(16)) * (d / 8 * 8).div_ceil(16)
 }
 
 /// Element encodings the score and value kernels read, as a const
@@ -639,18 +620,15 @@ fn four_row_threes(n: usize) -> usize {
 /// # Safety
 /// `q` is valid for `4·d` reads, the segments of `keys` hold `n` whole
 /// keys of `d` elements of encoding `E` in all, `w` is valid for `4·n`
-/// writes, `max`, `sum` and `rescale` for 4 reads and writes; `d % 8 == 0`;
-/// AVX2, FMA and F16C are present.
-#[allow(clippy::too_many_arguments)]
+/// writes, and the three pointers of `state` (max, sum, rescale) for 4
+/// reads and writes each; `d % 8 == 0`; AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     q: *const f32,
     keys: &[&[u8]],
     d: usize,
     w: *mut f32,
-    max: *mut f32,
-    sum: *mut f32,
-    rescale: *mut f32,
+    [max, sum, rescale]: [*mut f32; 3],
     mut ahead: Ahead<'_>,
 ) {
     // SAFETY: keys `j..j + K` stay under the segment's `m` by the loop

@@ -338,23 +338,15 @@ fn four_row_scores_softmax(
     q: &[f32],
     keys: &[&[u8]],
     weights: &mut [f32],
-    state: SoftmaxState<'_>,
+    mut state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
-    let lens = [state.max.len(), state.sum.len(), state.rescale.len()];
-    let (d, _) = shapes::four_row_scores(q.len(), keys, dtype.size_bytes(), weights.len(), lens);
-    let row = d * dtype.size_bytes();
-    let steps = keys
-        .iter()
-        .map(|seg| shapes::key_count(seg.len(), row).div_ceil(4))
-        .sum();
+    let size = dtype.size_bytes();
+    let (d, _) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
+    // One step per group of four keys.
+    let steps = shapes::segment_steps(keys, d * size, |m| m.div_ceil(4));
     let ahead = Ahead::over(ahead, steps);
-    let (q, w) = (q.as_ptr(), weights.as_mut_ptr());
-    let state = [
-        state.max.as_mut_ptr(),
-        state.sum.as_mut_ptr(),
-        state.rescale.as_mut_ptr(),
-    ];
+    let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
     // SAFETY: the checks above bound every access made below (each segment
     // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
     // `d % 8 == 0`, `weights` `4·n`, the state four rows); AVX-512 F, BW
@@ -499,11 +491,8 @@ fn four_row_weighted_sum(
     ahead: &[&[u8]],
 ) {
     let (d, _) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
-    let row = d * dtype.size_bytes();
-    let per_pass: usize = values
-        .iter()
-        .map(|seg| shapes::key_count(seg.len(), row).div_ceil(16))
-        .sum();
+    // A step every sixteen keys of a segment, in each 64-column pass.
+    let per_pass = shapes::segment_steps(values, d * dtype.size_bytes(), |m| m.div_ceil(16));
     let mut ahead = Ahead::over(ahead, per_pass * d.div_ceil(64));
     let (p, acc) = (p.as_ptr(), acc.as_mut_ptr());
     // SAFETY: the shape checks above bound every access made below (`p`

@@ -185,6 +185,24 @@ pub struct FourRowKernels {
     pub weighted_sum: FourRowWeightedSumFn,
 }
 
+impl SoftmaxState<'_> {
+    /// The lengths of `max`, `sum` and `rescale`, for the shape checks.
+    #[cfg(target_arch = "x86_64")]
+    fn lens(&self) -> [usize; 3] {
+        [self.max.len(), self.sum.len(), self.rescale.len()]
+    }
+
+    /// Pointers to `max`, `sum` and `rescale`, for the unsafe kernels.
+    #[cfg(target_arch = "x86_64")]
+    fn as_mut_ptrs(&mut self) -> [*mut f32; 3] {
+        [
+            self.max.as_mut_ptr(),
+            self.sum.as_mut_ptr(),
+            self.rescale.as_mut_ptr(),
+        ]
+    }
+}
+
 impl StoredKernels {
     /// Query rows up to which the engine prefers these kernels.
     pub const MAX_ROWS: usize = 4;
