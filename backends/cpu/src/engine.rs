@@ -16,28 +16,27 @@ use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 /// Per sequence and kv head it reads each page's K and V rows once for
 /// every query head of the GQA group and every query token, with an online
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
-/// the stored rows in registers ([`crate::StoredKernels`]), longer row
-/// sets widen them to f32 once per span of blocks (below). Four rows that all see a whole
-/// block (GQA decode with four query heads per kv head; also two tokens
-/// of GQA 2, or four of one head, off the causal diagonal) take its
-/// scores and softmax in one call where the kernels have it
-/// ([`crate::FourRowKernels`]), and take small blocks in spans of about
-/// 64 keys (four 16-token blocks) per call, so that the weighted sum
-/// keeps its accumulators in registers across them and the per-call
-/// costs are paid once per span; more rows that all see a span's keys
-/// (prefill off the diagonal) widen its blocks together for the same
-/// reason. A decode task takes every kv head
-/// of its pages and reads each page in address order, every head's K and
-/// then every head's V, one rising stream rather than one head's 4 KiB of
-/// each. While a head's K (or V) is computed, the next region of the
-/// stream is prefetched, spread over the loops so that the line-fill
-/// buffers never all wait at once. Long queries (prefill) are cut into
-/// tiles of about 256 query rows, each a task over the keys it sees, so
-/// that a tile's rows and accumulators stay in cache while K and V pass
-/// (flash attention's loop order). Long contexts are cut into
-/// chunks of pages that threads compute independently; the partial
-/// `(max, sum, output)` triples are merged by log-sum-exp, as in vLLM's
-/// paged attention v2 and flash-decoding.
+/// the stored rows in registers ([`crate::StoredKernels`]), longer row sets
+/// widen them to f32 once per span of blocks (below). Four rows that all
+/// see a whole block (GQA decode with four query heads per kv head; also
+/// two tokens of GQA 2, or four of one head, off the causal diagonal) take
+/// its scores and softmax in one call where the kernels have it
+/// ([`crate::FourRowKernels`]), and take small blocks in spans of about 64
+/// keys (four 16-token blocks) per call, so that the weighted sum keeps its
+/// accumulators in registers across them and the per-call costs are paid
+/// once per span; more rows that all see a span's keys (prefill off the
+/// diagonal) widen its blocks together for the same reason. A decode task
+/// takes every kv head of its pages and reads each page in address order,
+/// every head's K and then every head's V, one rising stream rather than
+/// one head's 4 KiB of each. While a head's K (or V) is computed, the next
+/// region of the stream is prefetched, spread over the loops so that the
+/// line-fill buffers never all wait at once. Long queries (prefill) are cut
+/// into tiles of about 256 query rows, each a task over the keys it sees,
+/// so that a tile's rows and accumulators stay in cache while K and V pass
+/// (flash attention's loop order). Long contexts are cut into chunks of
+/// pages that threads compute independently; the partial `(max, sum,
+/// output)` triples are merged by log-sum-exp, as in vLLM's paged attention
+/// v2 and flash-decoding.
 ///
 /// ```
 /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
@@ -283,7 +282,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
                 0 => s.q_len,
                 rows => (rows / ratio).max(1),
             };
-            for tile in (0..s.q_len).step_by(tile_tokens.max(1)) {
+            for tile in (0..s.q_len).step_by(tile_tokens) {
                 let upto = (tile + tile_tokens).min(s.q_len);
                 let view = SeqAttention {
                     block_table: s.block_table,
@@ -457,10 +456,11 @@ impl CpuEngine {
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
             });
         }
-        // Four rows that see every key of several small blocks take them
-        // as one span of up to `span_keys` keys (one kernel call per head
-        // for the span's scores and one for its values); everything else
-        // goes a block at a time.
+        // Rows that see every key of several small blocks take them as one
+        // span of up to `span_keys` keys (one kernel call per head for the
+        // span's scores and one for its values): four rows through the
+        // four-row kernels, more through one widening of the span. Up to
+        // four rows otherwise read stored rows a block at a time.
         let spans =
             (rows == 4 && self.four_row_kernels(hd).is_some()) || rows > StoredKernels::MAX_ROWS;
         let max_blocks = if spans {
