@@ -733,7 +733,11 @@ unsafe fn weighted_sum_avx2<const E: u8>(
 /// Where row `i`'s weight for key `j` sits among `G·n` weights: row-major
 /// (`p[i·n + j]`), or key-major (`p[j·G + i]`) with `KEY_MAJOR`.
 #[inline]
-fn weight_at<const G: usize, const KEY_MAJOR: bool>(n: usize, i: usize, j: usize) -> usize {
+pub(super) fn weight_at<const G: usize, const KEY_MAJOR: bool>(
+    n: usize,
+    i: usize,
+    j: usize,
+) -> usize {
     if KEY_MAJOR { j * G + i } else { i * n + j }
 }
 

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 use kvslice_core::KvDtype;
 
-use super::avx2::{self, Ahead, elem_bytes, f32_bytes, hsum4};
+use super::avx2::{self, Ahead, elem_bytes, f32_bytes, hsum4, weight_at};
 use super::exp_consts::*;
 use super::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, shapes};
 
@@ -167,46 +167,26 @@ unsafe fn scores_group<const G: usize, const E: u8>(
     out: *mut f32,
     ahead: &mut Ahead<'_>,
 ) {
-    // SAFETY: every unmasked lane read is below `n·d` (keys) or `G·d`
-    // (queries), and every write below `(G - 1)·n + n`, by the loop
-    // bounds and the masks, as the contract requires.
+    // SAFETY: keys `j..j + K` stay under `n` by the loop bounds, so every
+    // read is within `n·d` (keys) or `G·d` (queries), and every write below
+    // `(G - 1)·n + n`, as the contract requires.
     unsafe {
         let mut j = 0;
         while j < n {
             ahead.step();
-            let two = j + 1 < n;
-            let (k0, k1) = (j * d, (j + usize::from(two)) * d);
-            let mut a0 = [_mm512_setzero_ps(); 4];
-            let mut a1 = [_mm512_setzero_ps(); 4];
-            let mut c = 0;
-            while c < d {
-                let m = mask(d - c);
-                let (kv0, kv1) = (load16::<E>(k, k0 + c, m), load16::<E>(k, k1 + c, m));
-                for i in 0..G {
-                    let qv = _mm512_maskz_loadu_ps(m, q.add(i * d + c));
-                    a0[i] = _mm512_fmadd_ps(qv, kv0, a0[i]);
-                    a1[i] = _mm512_fmadd_ps(qv, kv1, a1[i]);
-                }
-                c += 16;
-            }
-            let (mut s0, mut s1) = ([0f32; 4], [0f32; 4]);
-            let [x0, x1, x2, x3] = a0;
-            let [y0, y1, y2, y3] = a1;
-            _mm_storeu_ps(
-                s0.as_mut_ptr(),
-                hsum4([fold(x0), fold(x1), fold(x2), fold(x3)]),
-            );
-            _mm_storeu_ps(
-                s1.as_mut_ptr(),
-                hsum4([fold(y0), fold(y1), fold(y2), fold(y3)]),
-            );
-            for i in 0..G {
-                *out.add(i * n + j) = s0[i];
-                if two {
-                    *out.add(i * n + j + 1) = s1[i];
+            let h: &[__m128] = if j + 1 < n {
+                &row_sums::<G, E, 2>(q, k, d, j)
+            } else {
+                &row_sums::<G, E, 1>(q, k, d, j)
+            };
+            for (x, v) in h.iter().enumerate() {
+                let mut s = [0f32; 4];
+                _mm_storeu_ps(s.as_mut_ptr(), *v);
+                for (i, &score) in s.iter().take(G).enumerate() {
+                    *out.add(i * n + j + x) = score;
                 }
             }
-            j += 2;
+            j += h.len();
         }
     }
 }
@@ -225,14 +205,17 @@ fn weighted_sum_stored(
     ahead: &[u8],
 ) {
     let d = shapes::weighted_sum_width(p.len(), rows, v.len(), dtype.size_bytes(), n, acc.len());
-    let mut ahead = Ahead::new(ahead, d.div_ceil(32));
-    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    // The values as one segment of exactly `n` rows; a step every sixteen
+    // keys of each 64-column pass.
+    let v = [&v[..n * d * dtype.size_bytes()]];
+    let mut ahead = Ahead::new(ahead, n.div_ceil(16) * d.div_ceil(64));
+    let (p, v, acc) = (p.as_ptr(), &v[..], acc.as_mut_ptr());
     let mut r = 0;
     while r < rows {
         let g = (rows - r).min(4);
         // SAFETY: the shape check above bounds every access of rows `r..r + g`
-        // (`v` holds `n·d` elements of `dtype`); AVX-512 F, BW and VL, AVX2,
-        // FMA and F16C are present.
+        // (`v` is `n` rows of `d` elements of `dtype`); AVX-512 F, BW and
+        // VL, AVX2, FMA and F16C are present.
         unsafe {
             let (p, acc) = (p.add(r * n), acc.add(r * d));
             match g {
@@ -254,7 +237,7 @@ fn weighted_sum_stored(
 unsafe fn weighted_sum_any<const G: usize>(
     dtype: KvDtype,
     p: *const f32,
-    v: *const u8,
+    v: &[&[u8]],
     n: usize,
     d: usize,
     acc: *mut f32,
@@ -263,73 +246,46 @@ unsafe fn weighted_sum_any<const G: usize>(
     // SAFETY: the caller's contract is `weighted_sum_group`'s.
     unsafe {
         match dtype {
-            KvDtype::F32 => weighted_sum_group::<G, { avx2::F32 }>(p, v, n, d, acc, ahead),
-            KvDtype::F16 => weighted_sum_group::<G, { avx2::F16 }>(p, v, n, d, acc, ahead),
-            KvDtype::Bf16 => weighted_sum_group::<G, { avx2::BF16 }>(p, v, n, d, acc, ahead),
+            KvDtype::F32 => weighted_sum_group::<G, { avx2::F32 }, false>(p, v, n, d, acc, ahead),
+            KvDtype::F16 => weighted_sum_group::<G, { avx2::F16 }, false>(p, v, n, d, acc, ahead),
+            KvDtype::Bf16 => weighted_sum_group::<G, { avx2::BF16 }, false>(p, v, n, d, acc, ahead),
         }
     }
 }
 
-/// `acc[i] += Σ_j p[i·n + j] · v[j]` for `G` rows (`G ≤ 4`, a constant so
-/// that the accumulators stay in registers), 32 columns at a time, the
-/// last step masked.
+/// `acc[i] += Σ_j w(i, j) · v[j]` for `G` rows (`G ≤ 4`, a constant so
+/// that the accumulators stay in registers) in passes of 64 columns (`G`
+/// rows × four vectors of accumulators stay in registers across every
+/// segment), the last pass as wide as the columns left, its last vector
+/// masked; `v[j]` are the rows of the segments of `v` in order, the
+/// weights row-major or, with `KEY_MAJOR`, key-major ([`weight_at`]).
 ///
 /// # Safety
-/// `p` is valid for `G·n` reads, `v` for `n·d` elements of encoding `E`,
-/// `acc` for `G·d` reads and writes; AVX-512 F, BW and VL, AVX2, FMA and
-/// F16C are present.
+/// `p` is valid for `G·n` reads, the segments of `v` hold `n` whole rows of
+/// `d` elements of encoding `E` in all, `acc` is valid for `G·d` reads and
+/// writes; AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn weighted_sum_group<const G: usize, const E: u8>(
+unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>(
     p: *const f32,
-    v: *const u8,
+    v: &[&[u8]],
     n: usize,
     d: usize,
     acc: *mut f32,
     ahead: &mut Ahead<'_>,
 ) {
-    // SAFETY: every unmasked lane access is below `G·n` (weights), `n·d`
-    // (values) or `G·d` (accumulators) by the loop bounds and the masks, as
-    // the contract requires.
-    unsafe {
-        let mut c = 0;
-        while c < d {
-            ahead.step();
-            // Columns `c..c + 16` and, when more than 16 are left, the next
-            // sixteen, each masked to `d`.
-            let wide = d - c > 16;
-            let c1 = if wide { c + 16 } else { c };
-            let (m0, m1) = (mask(d - c), mask(d - c1));
-            let mut a0 = [_mm512_setzero_ps(); G];
-            let mut a1 = [_mm512_setzero_ps(); G];
-            for i in 0..G {
-                a0[i] = _mm512_maskz_loadu_ps(m0, acc.add(i * d + c));
-                if wide {
-                    a1[i] = _mm512_maskz_loadu_ps(m1, acc.add(i * d + c1));
-                }
+    let mut c = 0;
+    while c < d {
+        // SAFETY: the pass's vectors start under `d` (`W` is the number of
+        // sixteen-column vectors left, at most four), the contract's.
+        unsafe {
+            match (d - c).div_ceil(16) {
+                1 => weighted_sum_columns::<G, E, 1, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
+                2 => weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
+                3 => weighted_sum_columns::<G, E, 3, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
+                _ => weighted_sum_columns::<G, E, 4, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
             }
-            for j in 0..n {
-                let v0 = load16::<E>(v, j * d + c, m0);
-                let v1 = if wide {
-                    load16::<E>(v, j * d + c1, m1)
-                } else {
-                    v0
-                };
-                for i in 0..G {
-                    let w = _mm512_set1_ps(*p.add(i * n + j));
-                    a0[i] = _mm512_fmadd_ps(w, v0, a0[i]);
-                    if wide {
-                        a1[i] = _mm512_fmadd_ps(w, v1, a1[i]);
-                    }
-                }
-            }
-            for i in 0..G {
-                _mm512_mask_storeu_ps(acc.add(i * d + c), m0, a0[i]);
-                if wide {
-                    _mm512_mask_storeu_ps(acc.add(i * d + c1), m1, a1[i]);
-                }
-            }
-            c += if wide { 32 } else { 16 };
         }
+        c += 64;
     }
 }
 
@@ -366,25 +322,26 @@ fn four_row_scores_softmax(
     }
 }
 
-/// Dot products of four query rows with keys `j..j + K` (`K ≤ 4`): lane
-/// `i` of the `x`th result is row `i`'s against key `j + x`, summed as
-/// [`scores_group`] sums them (so both paths agree to the bit). Four keys
-/// are sixteen accumulators, four key and four query loads per sixteen
-/// FMAs: half of the 32 registers.
+/// Dot products of `G` query rows (`G ≤ 4`) with keys `j..j + K`
+/// (`K ≤ 4`): lane `i` of the `x`th result is row `i`'s against key
+/// `j + x` (lanes from `G` on are 0). Both score paths sum this way, so
+/// they agree to the bit. Four rows and four keys are sixteen
+/// accumulators, four key and four query loads per sixteen FMAs: half of
+/// the 32 registers.
 ///
 /// # Safety
-/// `q` is valid for `4·d` reads, `k` for `(j + K)·d` elements of encoding
+/// `q` is valid for `G·d` reads, `k` for `(j + K)·d` elements of encoding
 /// `E`; AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn four_row_sums<const E: u8, const K: usize>(
+unsafe fn row_sums<const G: usize, const E: u8, const K: usize>(
     q: *const f32,
     k: *const u8,
     d: usize,
     j: usize,
 ) -> [__m128; K] {
     // SAFETY: the masks keep every lane read under `(j + K)·d` (keys) or
-    // `4·d` (queries), by the contract.
+    // `G·d` (queries), by the contract.
     unsafe {
         let mut a = [[_mm512_setzero_ps(); 4]; K];
         let mut c = 0;
@@ -394,7 +351,7 @@ unsafe fn four_row_sums<const E: u8, const K: usize>(
             for (t, key) in x.iter_mut().enumerate() {
                 *key = load16::<E>(k, (j + t) * d + c, m);
             }
-            for i in 0..4 {
+            for i in 0..G {
                 let qv = _mm512_maskz_loadu_ps(m, q.add(i * d + c));
                 for (acc, key) in a.iter_mut().zip(x) {
                     acc[i] = _mm512_fmadd_ps(qv, key, acc[i]);
@@ -439,10 +396,10 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
                 ahead.step();
                 let group = (m - j).min(4);
                 let h: &[__m128] = match group {
-                    1 => &four_row_sums::<E, 1>(q, k, d, j),
-                    2 => &four_row_sums::<E, 2>(q, k, d, j),
-                    3 => &four_row_sums::<E, 3>(q, k, d, j),
-                    _ => &four_row_sums::<E, 4>(q, k, d, j),
+                    1 => &row_sums::<4, E, 1>(q, k, d, j),
+                    2 => &row_sums::<4, E, 2>(q, k, d, j),
+                    3 => &row_sums::<4, E, 3>(q, k, d, j),
+                    _ => &row_sums::<4, E, 4>(q, k, d, j),
                 };
                 for (x, v) in h.iter().enumerate() {
                     _mm_storeu_ps(w.add(4 * (j + x)), *v);
@@ -490,7 +447,7 @@ fn four_row_weighted_sum(
     acc: &mut [f32],
     ahead: &[&[u8]],
 ) {
-    let (d, _) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
+    let (d, n) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
     // A step every sixteen keys of a segment, in each 64-column pass.
     let per_pass = shapes::segment_steps(values, d * dtype.size_bytes(), |m| m.div_ceil(16));
     let mut ahead = Ahead::over(ahead, per_pass * d.div_ceil(64));
@@ -502,62 +459,41 @@ fn four_row_weighted_sum(
     unsafe {
         match dtype {
             KvDtype::F32 => {
-                four_row_weighted_sum_avx512::<{ avx2::F32 }>(p, values, d, acc, &mut ahead)
+                weighted_sum_group::<4, { avx2::F32 }, true>(p, values, n, d, acc, &mut ahead)
             }
             KvDtype::F16 => {
-                four_row_weighted_sum_avx512::<{ avx2::F16 }>(p, values, d, acc, &mut ahead)
+                weighted_sum_group::<4, { avx2::F16 }, true>(p, values, n, d, acc, &mut ahead)
             }
             KvDtype::Bf16 => {
-                four_row_weighted_sum_avx512::<{ avx2::BF16 }>(p, values, d, acc, &mut ahead)
+                weighted_sum_group::<4, { avx2::BF16 }, true>(p, values, n, d, acc, &mut ahead)
             }
         }
     }
 }
 
-/// [`FourRowKernels::weighted_sum`] in passes of 64 columns (four rows ×
-/// four vectors of accumulators stay in registers across every segment),
-/// the last pass as wide as the columns left, its last vector masked.
+/// `acc[i] += Σ_j w(i, j) · v[j]` for `G` rows over the `W`
+/// sixteen-column vectors from column `c`, each masked to `d`, the weights
+/// row-major or, with `KEY_MAJOR`, key-major ([`weight_at`]); one
+/// [`Ahead`] step at the start of each segment and every sixteen keys in
+/// it. Both weighted sums run it (through [`weighted_sum_group`]), so
+/// they add the same products in the same order.
 ///
 /// # Safety
-/// `p` is valid for `4·n` reads, the segments of `v` hold `n` whole rows
-/// of `d` elements of encoding `E` in all, `acc` is valid for `4·d` reads
-/// and writes; AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn four_row_weighted_sum_avx512<const E: u8>(
-    p: *const f32,
-    v: &[&[u8]],
-    d: usize,
-    acc: *mut f32,
-    ahead: &mut Ahead<'_>,
-) {
-    let mut c = 0;
-    while c < d {
-        // SAFETY: the pass's vectors start under `d` (`W` is the number of
-        // sixteen-column vectors left, at most four), the contract's.
-        unsafe {
-            match (d - c).div_ceil(16) {
-                1 => weighted_sum_columns::<E, 1>(p, v, d, acc, c, ahead),
-                2 => weighted_sum_columns::<E, 2>(p, v, d, acc, c, ahead),
-                3 => weighted_sum_columns::<E, 3>(p, v, d, acc, c, ahead),
-                _ => weighted_sum_columns::<E, 4>(p, v, d, acc, c, ahead),
-            }
-        }
-        c += 64;
-    }
-}
-
-/// [`four_row_weighted_sum_avx512`] over the `W` sixteen-column vectors
-/// from column `c`, each masked to `d`; one [`Ahead`] step at the start of
-/// each segment and every sixteen keys in it. Lane by lane it adds the
-/// same products in the same order as [`weighted_sum_group`].
-///
-/// # Safety
-/// As [`four_row_weighted_sum_avx512`], with `c + 16·(W − 1) < d`.
+/// `p` is valid for `G·n` reads, the segments of `v` hold `n` whole rows of
+/// `d` elements of encoding `E` in all, `acc` is valid for `G·d` reads and
+/// writes, `c + 16·(W − 1) < d`; AVX-512 F, BW and VL, AVX2, FMA and F16C
+/// are present.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn weighted_sum_columns<const E: u8, const W: usize>(
+unsafe fn weighted_sum_columns<
+    const G: usize,
+    const E: u8,
+    const W: usize,
+    const KEY_MAJOR: bool,
+>(
     p: *const f32,
     v: &[&[u8]],
+    n: usize,
     d: usize,
     acc: *mut f32,
     c: usize,
@@ -566,16 +502,17 @@ unsafe fn weighted_sum_columns<const E: u8, const W: usize>(
     // SAFETY: the masks keep every lane access under column `d` of a row
     // of the segments or of `acc`; `vp` stays within its segment's rows
     // and `wp` at key `j` (counting every segment's rows, `n` in all)
-    // reads the weights `4·j..4·j + 4` within `4·n`, by the contract.
+    // reads the weights `weight_at(n, i, j)` within `G·n`, by the contract.
     unsafe {
         let m: [__mmask16; W] = std::array::from_fn(|x| mask(d - c - 16 * x));
-        let mut a = [[_mm512_setzero_ps(); W]; 4];
+        let mut a = [[_mm512_setzero_ps(); W]; G];
         for (i, row) in a.iter_mut().enumerate() {
             for (x, sum) in row.iter_mut().enumerate() {
                 *sum = _mm512_maskz_loadu_ps(m[x], acc.add(i * d + c + 16 * x));
             }
         }
         let row_bytes = d * elem_bytes::<E>();
+        let key_step = if KEY_MAJOR { G } else { 1 };
         let mut wp = p;
         for (mut vp, mut left) in shapes::segment_rows(v, row_bytes) {
             while left > 0 {
@@ -585,13 +522,13 @@ unsafe fn weighted_sum_columns<const E: u8, const W: usize>(
                     let vals: [__m512; W] =
                         std::array::from_fn(|x| load16::<E>(vp, c + 16 * x, m[x]));
                     for (i, row) in a.iter_mut().enumerate() {
-                        let wv = _mm512_set1_ps(*wp.add(i));
+                        let wv = _mm512_set1_ps(*wp.add(weight_at::<G, KEY_MAJOR>(n, i, 0)));
                         for (sum, val) in row.iter_mut().zip(vals) {
                             *sum = _mm512_fmadd_ps(wv, val, *sum);
                         }
                     }
                     vp = vp.add(row_bytes);
-                    wp = wp.add(4);
+                    wp = wp.add(key_step);
                 }
                 left -= keys;
             }
