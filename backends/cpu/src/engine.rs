@@ -84,7 +84,32 @@ impl CpuEngine {
         }
     }
 
-    /// With a fixed number of threads (1 = no threads are spawned).
+    /// With a fixed number of threads (1 = the calling thread alone).
+    ///
+    /// The calling thread computes tasks too; the other `threads − 1` are
+    /// workers of rayon's global pool (`RAYON_NUM_THREADS` sizes it). They
+    /// outlive the call, as a serving loop calls `attend` once per layer
+    /// and step. With the chunking fixed, the result does not depend on
+    /// the thread count: chunks merge in context order.
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 8, 2, 64, 16, KvDtype::F16))?;
+    /// let mut rng = Rng::new(3);
+    /// let sc = Scenario::random(layout, &[(300, 1), (77, 1)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let batch = AttentionBatch::new(0, 0, &seqs, &q, 0.125);
+    /// let (mut one, mut four) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+    /// let engine = CpuEngine::new().with_chunk_pages(4);
+    /// engine.clone().with_threads(1).attend(&sc.pages, &batch, &mut one)?;
+    /// engine.with_threads(4).attend(&sc.pages, &batch, &mut four)?;
+    /// assert_eq!(one, four);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = threads.max(1);
         self
@@ -331,9 +356,11 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         if threads <= 1 {
             work();
         } else {
-            std::thread::scope(|s| {
+            // The calling thread works too; the others are rayon's global
+            // pool, whose workers outlive the call (see `with_threads`).
+            rayon_core::in_place_scope(|s| {
                 for _ in 1..threads {
-                    s.spawn(work);
+                    s.spawn(|_| work());
                 }
                 work();
             });
