@@ -140,6 +140,18 @@ fn decode(c: &mut Criterion) {
             let mut hot_out = vec![0f32; q.len()];
             let blockwise = CpuEngine::new().with_span_keys(0);
             let mut block_out = vec![0f32; q.len()];
+            // The same pages in a random order across the batch, as a
+            // serving pool's free list hands them out after evictions (the
+            // read loop still reads them in address order).
+            let mut ids = tables.concat();
+            Rng::new(ctx as u64 + 1).shuffle(&mut ids);
+            let scattered: Vec<Vec<PageId>> = ids
+                .chunks(tables[0].len())
+                .map(<[PageId]>::to_vec)
+                .collect();
+            let scattered_seqs = decode_seqs(&scattered, ctx);
+            let scattered_batch = AttentionBatch::new(0, 0, &scattered_seqs, &q, scale);
+            let mut scattered_out = vec![0f32; q.len()];
             interleaved(
                 ctx,
                 span,
@@ -160,6 +172,12 @@ fn decode(c: &mut Criterion) {
                     ("decode, one block per call", &mut || {
                         blockwise.attend(&pages, &batch, &mut block_out).unwrap();
                         black_box(&block_out);
+                    }),
+                    ("decode, pages in random order", &mut || {
+                        engine
+                            .attend(&pages, &scattered_batch, &mut scattered_out)
+                            .unwrap();
+                        black_box(&scattered_out);
                     }),
                 ],
             );
