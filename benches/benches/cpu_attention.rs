@@ -4,7 +4,8 @@
 //! FMA peak, all in one run.
 //!
 //! Decode workload (the issue's): 32 query heads, 8 kv heads, head_dim 128,
-//! f16 K/V in 16-token pages, batch 8, contexts 1k, 8k and 32k.
+//! f16 K/V in 16-token pages, batch 8, contexts 1k, 8k and 32k; and one
+//! sequence at 256 and 1k tokens, on every core and on one thread.
 //!
 //! ```sh
 //! cargo bench -p kvslice-benches --bench cpu_attention                    # kvslice + read loop + FMA peak
@@ -199,6 +200,34 @@ fn decode(c: &mut Criterion) {
                     black_box(&light_out);
                 })],
             );
+        }
+    }
+    g.finish();
+}
+
+/// One sequence's decode step at short contexts, on every core and on one
+/// thread: calls this small are where starting the second thread's work
+/// costs as much as the work (docs/BENCHMARKS.md).
+fn decode_small(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decode_small_f16_32q8kv_d128_b1");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    let engines = [
+        ("kvslice_cpu", CpuEngine::new()),
+        ("kvslice_cpu_1thread", CpuEngine::new().with_threads(1)),
+    ];
+    for ctx in [256usize, 1024] {
+        let (pages, tables) = fill(ctx, false);
+        let seqs = decode_seqs(&tables[..1], ctx);
+        g.throughput(Throughput::Bytes(kv_bytes(ctx) / BATCH as u64));
+        let q = Rng::new(9).vec((Q_HEADS * HEAD_DIM) as usize);
+        let mut out = vec![0f32; q.len()];
+        let batch = AttentionBatch::new(0, 0, &seqs, &q, 1.0 / (HEAD_DIM as f32).sqrt());
+        for (name, engine) in &engines {
+            g.bench_function(BenchmarkId::new(*name, ctx), |b| {
+                b.iter(|| engine.attend(&pages, &batch, &mut out).unwrap())
+            });
         }
     }
     g.finish();
@@ -454,5 +483,5 @@ fn prefill(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, decode, prefill);
+criterion_group!(benches, decode, decode_small, prefill);
 criterion_main!(benches);
