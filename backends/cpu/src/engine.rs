@@ -89,8 +89,11 @@ impl CpuEngine {
     /// The calling thread computes tasks too; the other `threads − 1` are
     /// workers of rayon's global pool (`RAYON_NUM_THREADS` sizes it). They
     /// outlive the call, as a serving loop calls `attend` once per layer
-    /// and step. With the chunking fixed, the result does not depend on
-    /// the thread count: chunks merge in context order.
+    /// and step. The first call on more than one thread starts that pool
+    /// if nothing has, so a program that configures it
+    /// (`rayon::ThreadPoolBuilder::build_global`) does so before. With the
+    /// chunking fixed, the result does not depend on the thread count:
+    /// chunks merge in context order.
     ///
     /// ```
     /// use kvslice_core::testkit::{Rng, Scenario};
