@@ -86,11 +86,14 @@ impl CpuEngine {
 
     /// With a fixed number of threads (1 = the calling thread alone).
     ///
-    /// The calling thread computes tasks too; the other `threads − 1` are
-    /// workers of rayon's global pool (`RAYON_NUM_THREADS` sizes it). They
+    /// The calling thread computes tasks too; up to `threads − 1` workers
+    /// of rayon's global pool (`RAYON_NUM_THREADS` sizes it) help. They
     /// outlive the call, as a serving loop calls `attend` once per layer
-    /// and step. The first call on more than one thread starts that pool
-    /// if nothing has, so a program that configures it
+    /// and step. A worker that has not started when the calling thread
+    /// takes the last task is called off, not waited for, so a call too
+    /// small to wait for an idle core's wake-up runs about as fast as on
+    /// one thread. The first call on more than one thread starts rayon's
+    /// pool if nothing has, so a program that configures it
     /// (`rayon::ThreadPoolBuilder::build_global`) does so before. With the
     /// chunking fixed, the result does not depend on the thread count:
     /// chunks merge in context order.
@@ -359,14 +362,11 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         if threads <= 1 {
             work();
         } else {
-            // The calling thread works too; the others are rayon's global
-            // pool, whose workers outlive the call (see `with_threads`).
-            rayon_core::in_place_scope(|s| {
-                for _ in 1..threads {
-                    s.spawn(|_| work());
-                }
-                work();
-            });
+            // The calling thread works too; the others come from rayon's
+            // global pool, whose workers outlive the call (see
+            // `with_threads`), and only if they start before the caller
+            // has taken the last task.
+            crate::work_sharing::share(&work, threads - 1, |h| rayon_core::spawn(move || h.run()));
         }
         if let Some(e) = failure.into_inner().unwrap() {
             return Err(e);

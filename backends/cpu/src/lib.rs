@@ -5,7 +5,8 @@
 //! tables, GQA, K/V stored as f32, f16 or bf16 and converted on load (in
 //! registers for decode, through a widening pass for prefill), f32
 //! accumulation with an online softmax, and split-K across threads for long
-//! contexts. Pages are read in rising address order, and the next region
+//! contexts (the calling thread and pool workers that start in time,
+//! `work_sharing`). Pages are read in rising address order, and the next region
 //! of K or V is prefetched while one is computed. The inner loops are
 //! chosen at run time ([`Kernels::detect`]): AVX-512 (F, BW, VL) or AVX2 +
 //! FMA + F16C on x86-64, NEON on aarch64, else a portable scalar version;
@@ -19,6 +20,8 @@ mod engine;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod kernels;
+#[doc(hidden)]
+pub mod work_sharing;
 
 pub use engine::CpuEngine;
 pub use kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
