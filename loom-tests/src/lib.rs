@@ -1,4 +1,5 @@
-//! loom models of kvslice-core's lock-free protocols.
+//! loom models of kvslice's lock-free protocols (kvslice-core's, and the
+//! CPU backend's work sharing).
 //!
 //! Run them exhaustively (within loom's preemption bound) with
 //!
@@ -12,16 +13,16 @@
 //! them compiling and catches gross breakage, though only loom proves them.
 
 #[cfg(kvslice_loom)]
-pub use loom::sync::Arc;
-#[cfg(kvslice_loom)]
 pub use loom::sync::atomic::{AtomicU32, Ordering};
+#[cfg(kvslice_loom)]
+pub use loom::sync::{Arc, Mutex};
 #[cfg(kvslice_loom)]
 pub use loom::thread;
 
 #[cfg(not(kvslice_loom))]
-pub use std::sync::Arc;
-#[cfg(not(kvslice_loom))]
 pub use std::sync::atomic::{AtomicU32, Ordering};
+#[cfg(not(kvslice_loom))]
+pub use std::sync::{Arc, Mutex};
 #[cfg(not(kvslice_loom))]
 pub use std::thread;
 
@@ -95,5 +96,53 @@ impl Owners {
     /// Records that the caller gave `page` up.
     pub fn unclaim(&self, page: u32) {
         self.0[page as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A counter without atomics, whose accesses loom checks for data races
+/// under `kvslice_loom` (two accesses, one a write, not ordered by
+/// happens-before fail the model); a plain cell otherwise. For results a
+/// protocol hands from one thread to another.
+#[derive(Default)]
+pub struct RaceCell {
+    #[cfg(kvslice_loom)]
+    cell: loom::cell::UnsafeCell<u32>,
+    #[cfg(not(kvslice_loom))]
+    cell: std::cell::UnsafeCell<u32>,
+}
+
+// SAFETY: `bump` and `get` are unsafe and require the caller to exclude
+// concurrent access, which is what the models check.
+unsafe impl Sync for RaceCell {}
+
+impl RaceCell {
+    /// Adds one.
+    ///
+    /// # Safety
+    /// No other thread accesses the cell at the same time.
+    pub unsafe fn bump(&self) {
+        #[cfg(kvslice_loom)]
+        // SAFETY: exclusive by the contract; loom checks it.
+        self.cell.with_mut(|p| unsafe { *p += 1 });
+        #[cfg(not(kvslice_loom))]
+        // SAFETY: exclusive by the contract.
+        unsafe {
+            *self.cell.get() += 1
+        };
+    }
+
+    /// The count.
+    ///
+    /// # Safety
+    /// No other thread writes the cell at the same time.
+    pub unsafe fn get(&self) -> u32 {
+        #[cfg(kvslice_loom)]
+        // SAFETY: no concurrent write by the contract; loom checks it.
+        return self.cell.with(|p| unsafe { *p });
+        #[cfg(not(kvslice_loom))]
+        // SAFETY: no concurrent write by the contract.
+        unsafe {
+            *self.cell.get()
+        }
     }
 }
