@@ -27,10 +27,14 @@ use kvslice_core::{
 use kvslice_cpu::{CpuEngine, Kernels};
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
-/// core: the memory read bandwidth the attention has to live within. The
-/// calling thread sums one part and rayon's global pool the others, as
-/// the engine's tasks run, so both pay the same to start their threads.
+/// core: the memory read bandwidth the attention has to live within. Its
+/// threads share the work as the engine's do (`work_sharing`): parts of
+/// 1 MiB taken in address order from one counter by the calling thread and
+/// by the pool workers that start in time, so both pay the same to start
+/// their threads.
 fn stream_read(bytes: &[u8], threads: usize) -> u64 {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+    const PART: usize = 1 << 20;
     let sum = |part: &[u8]| {
         let mut acc = [0u64; 4];
         for line in part.chunks_exact(32) {
@@ -40,19 +44,13 @@ fn stream_read(bytes: &[u8], threads: usize) -> u64 {
         }
         acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
     };
-    let chunk = bytes.len().div_ceil(threads).div_ceil(64) * 64;
-    let mut parts = bytes.chunks(chunk);
-    let first = parts.next().unwrap_or_default();
-    let total = std::sync::atomic::AtomicU64::new(0);
-    let add = |x: u64| total.fetch_add(x, std::sync::atomic::Ordering::Relaxed);
-    rayon_core::in_place_scope(|s| {
-        for part in parts {
-            s.spawn(move |_| {
-                add(sum(part));
-            });
+    let (next, total) = (AtomicUsize::new(0), AtomicU64::new(0));
+    let work = || {
+        while let Some(part) = bytes.chunks(PART).nth(next.fetch_add(1, Relaxed)) {
+            total.fetch_add(sum(part), Relaxed);
         }
-        add(sum(first));
-    });
+    };
+    kvslice_cpu::work_sharing::share(&work, threads - 1, |h| rayon_core::spawn(move || h.run()));
     total.into_inner()
 }
 
