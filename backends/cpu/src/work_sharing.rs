@@ -171,7 +171,10 @@ fn settle(slots: &[Arc<Slot>]) -> Option<Box<dyn Any + Send>> {
 }
 
 /// How long `settle` spins before it parks: a started helper is finishing
-/// one task, and on a VM a parked thread's wake-up took about 200 µs.
+/// one task. Spinning for about what a park and wake-up costs (about
+/// 200 µs on a VM whose idle vCPU halts) wastes at most that much more than
+/// the best choice made in hindsight, and no longer: a spinning caller also
+/// takes a core from the pool's idle workers, which rayon wakes to search.
 struct Spin {
     #[cfg(not(kvslice_loom))]
     start: std::time::Instant,
@@ -182,7 +185,7 @@ struct Spin {
 impl Spin {
     /// Spin for up to this long.
     #[cfg(not(kvslice_loom))]
-    const LIMIT: std::time::Duration = std::time::Duration::from_millis(1);
+    const LIMIT: std::time::Duration = std::time::Duration::from_micros(200);
 
     fn new() -> Self {
         Self {
