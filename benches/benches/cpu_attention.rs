@@ -262,10 +262,13 @@ fn interleaved_wanted() -> bool {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
+    // `decode` or the group's name, not `decode_small` (another group).
     filters.is_empty()
-        || filters
-            .iter()
-            .any(|f| f.contains("interleaved") || f.contains("decode"))
+        || filters.iter().any(|f| {
+            f.contains("interleaved")
+                || "decode_f16_32q8kv_d128_b8".starts_with(f.as_str())
+                || f.starts_with("decode_f16")
+        })
 }
 
 /// Each step against the read loop, all alternating, one step or pass
