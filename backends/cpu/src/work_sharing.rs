@@ -58,7 +58,8 @@ struct Slot {
     /// `work` with its type erased: calls the caller's closure.
     call: unsafe fn(*const ()),
     /// The caller's closure. Only dereferenced between the helper's
-    /// PENDING → RUNNING and its DONE store, while the caller waits.
+    /// PENDING → RUNNING and its DONE store, which `share` does not return
+    /// or unwind before.
     work: *const (),
     caller: Thread,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
@@ -90,9 +91,11 @@ impl Helper {
     /// this helper off. A panic in the work is carried to the caller.
     pub fn run(self) {
         let slot = &*self.0;
+        // Relaxed: the caller's writes before it spawned this helper reach
+        // it through the spawn (rayon's queue, or a thread's start).
         if slot
             .state
-            .compare_exchange(PENDING, RUNNING, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(PENDING, RUNNING, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
             return;
@@ -107,6 +110,11 @@ impl Helper {
         // After DONE the caller may return; the slot itself lives on in
         // this `Arc`, and the pointer is never followed again.
         slot.state.store(DONE, Ordering::Release);
+        // A point where loom may switch threads: its `unpark` also orders
+        // the caller after this thread, which would hide a missing
+        // `Release` above from the model.
+        #[cfg(kvslice_loom)]
+        slot.state.load(Ordering::Relaxed);
         slot.caller.unpark();
     }
 }
@@ -119,7 +127,8 @@ impl Helper {
 /// every thread, when the call's work is done.
 ///
 /// # Panics
-/// With the panic of `work`, on this thread first, else on a helper.
+/// With the first panic of `spawn`, of `work` on this thread, or of `work`
+/// on a helper, in that order, once every started helper has finished.
 pub fn share<F: Fn() + Sync>(work: &F, helpers: usize, mut spawn: impl FnMut(Helper)) {
     let slots: Vec<Arc<Slot>> = (0..helpers)
         .map(|_| {
@@ -133,7 +142,9 @@ pub fn share<F: Fn() + Sync>(work: &F, helpers: usize, mut spawn: impl FnMut(Hel
         })
         .collect();
     // From here on nothing may leave this function, by return or unwind,
-    // before `settle` has run: a started helper follows the pointer.
+    // before `settle` has run: a started helper follows the pointer. The
+    // panics are caught; should anything else unwind, the guard aborts.
+    let guard = AbortOnUnwind;
     let spawned = catch_unwind(AssertUnwindSafe(|| {
         for s in &slots {
             spawn(Helper(Arc::clone(s)));
@@ -141,22 +152,30 @@ pub fn share<F: Fn() + Sync>(work: &F, helpers: usize, mut spawn: impl FnMut(Hel
     }));
     let mine = catch_unwind(AssertUnwindSafe(work));
     let theirs = settle(&slots);
-    if let Some(p) = spawned.err().or(mine.err()).or(theirs) {
-        resume_unwind(p);
+    std::mem::forget(guard);
+    // Only now may a payload be dropped: its `Drop` may panic.
+    let mut panics = spawned.err().into_iter().chain(mine.err()).chain(theirs);
+    if let Some(first) = panics.next() {
+        drop(panics);
+        resume_unwind(first);
     }
 }
 
-/// Calls off every helper that has not started and waits for those that
-/// have; returns the first helper panic.
-fn settle(slots: &[Arc<Slot>]) -> Option<Box<dyn Any + Send>> {
-    let mut panic = None;
-    for s in slots {
-        if s.state
-            .compare_exchange(PENDING, CALLED_OFF, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            continue;
-        }
+/// Calls off every helper that has not started, then waits for those that
+/// have (calling off first, so that no helper starts while the caller
+/// waits on another); returns the helpers' panics, unopened.
+fn settle(slots: &[Arc<Slot>]) -> Vec<Box<dyn Any + Send>> {
+    let started: Vec<&Slot> = slots
+        .iter()
+        .filter(|s| {
+            s.state
+                .compare_exchange(PENDING, CALLED_OFF, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        })
+        .map(|s| &**s)
+        .collect();
+    let mut panics = Vec::new();
+    for s in started {
         let mut spin = Spin::new();
         // Acquire: the helper's writes (its tasks' results) before DONE.
         while s.state.load(Ordering::Acquire) != DONE {
@@ -164,10 +183,22 @@ fn settle(slots: &[Arc<Slot>]) -> Option<Box<dyn Any + Send>> {
                 thread::park();
             }
         }
-        let p = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
-        panic = panic.or(p);
+        panics.extend(s.panic.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
-    panic
+    panics
+}
+
+/// Aborts the process if dropped while unwinding: for the stretch of
+/// `share` where an unwind would end the caller's borrow under a running
+/// helper (nothing there is expected to panic; this is the backstop).
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::process::abort();
+        }
+    }
 }
 
 /// How long `settle` spins before it parks: a started helper is finishing
@@ -311,6 +342,81 @@ mod tests {
         let got = catch_unwind(AssertUnwindSafe(|| share(&work, 1, |h| start(h, &started))));
         let p = got.expect_err("the caller's panic propagates");
         assert_eq!(p.downcast_ref::<&str>(), Some(&"caller failed"));
+        assert_eq!(finished.load(Relaxed), 1, "unwound before the helper");
+    }
+
+    #[test]
+    fn a_spawn_that_panics_part_way_still_waits_for_started_helpers() {
+        let (started, finished) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let caller = std::thread::current().id();
+        let work = || {
+            if std::thread::current().id() != caller {
+                started.store(1, Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                finished.store(1, Relaxed);
+            }
+        };
+        let mut n = 0;
+        let got = catch_unwind(AssertUnwindSafe(|| {
+            share(&work, 2, |h| {
+                n += 1;
+                if n == 2 {
+                    resume_unwind(Box::new("spawn failed"));
+                }
+                start(h, &started);
+            })
+        }));
+        let p = got.expect_err("the spawn's panic propagates");
+        assert_eq!(p.downcast_ref::<&str>(), Some(&"spawn failed"));
+        assert_eq!(finished.load(Relaxed), 1, "unwound before the helper");
+    }
+
+    /// A panic payload whose `Drop` panics.
+    struct Bomb;
+
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("bomb");
+        }
+    }
+
+    #[test]
+    fn a_payload_that_panics_on_drop_is_dropped_after_every_helper_is_done() {
+        let (entered, finished) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let work = || {
+            let name = std::thread::current().name().map(str::to_owned);
+            let Some(name) = name.filter(|n| n.starts_with('h')) else {
+                return; // the caller
+            };
+            entered.fetch_add(1, Relaxed);
+            match name.as_str() {
+                "h0" => resume_unwind(Box::new("plain")),
+                "h1" => resume_unwind(Box::new(Bomb)),
+                _ => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    finished.store(1, Relaxed);
+                }
+            }
+        };
+        let mut n = 0;
+        let got = catch_unwind(AssertUnwindSafe(|| {
+            share(&work, 3, |h| {
+                std::thread::Builder::new()
+                    .name(format!("h{n}"))
+                    .spawn(move || h.run())
+                    .unwrap();
+                n += 1;
+                if n == 3 {
+                    while entered.load(Relaxed) < 3 {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        }));
+        // The first payload ("plain") was being raised when the second one's
+        // drop panicked; that panic is what arrives, after the third helper.
+        let p = got.expect_err("a panic propagates");
+        assert_eq!(p.downcast_ref::<&str>(), Some(&"bomb"));
         assert_eq!(finished.load(Relaxed), 1, "unwound before the helper");
     }
 }
