@@ -3,11 +3,9 @@
 //! returns, one that starts later never runs it, and every task runs once.
 //!
 //! Checked to fail when the caller does not wait for a started helper,
-//! when a helper starts without claiming its slot, and when it unparks the
-//! caller before storing DONE (a lost wake-up). Not checked: the DONE
-//! store's `Release` on its own, since loom's `unpark` joins the caller's
-//! view with the helper's at once (real `unpark` orders only a `park` that
-//! returns because of it).
+//! when a helper starts without claiming its slot, when it unparks the
+//! caller before storing DONE (a lost wake-up), and when it stores DONE
+//! without `Release`.
 
 use kvslice_cpu::work_sharing::share;
 use kvslice_loom_tests::{Arc, AtomicU32, Mutex, Ordering, RaceCell, model, thread};
@@ -22,30 +20,50 @@ fn tasks_run_once_and_never_after_return(helpers: usize) {
         // Plain counters: a helper's bump that the caller's read after
         // `share` is not ordered after is a data race loom reports.
         let ran = [RaceCell::default(), RaceCell::default()];
-        // Set once `share` has returned, checked on entering the work: a
-        // mutex, so that the check is ordered against the set. (Not on
-        // leaving it: that lock would also order a helper's bumps before
-        // the caller's reads, and hide a missing release.)
-        let returned = Arc::new(Mutex::new(false));
+        // (`share` has returned, the work was entered after that.) A
+        // mutex, so that the check on entering the work is ordered against
+        // the set; not taken on leaving it, where it would also order a
+        // helper's bumps before the caller's reads and hide a missing
+        // `Release`. The work records a late entry rather than asserting,
+        // as a helper's panic would only reach a caller that has returned.
+        let returned = Arc::new(Mutex::new((false, false)));
         let work = || {
-            assert!(!*returned.lock().unwrap(), "work entered after return");
+            let mut r = returned.lock().unwrap();
+            if r.0 {
+                r.1 = true;
+            }
+            drop(r);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                let Some(r) = ran.get(i) else { break };
+                let Some(cell) = ran.get(i) else { break };
                 // SAFETY: task `i` was claimed by this thread alone.
-                unsafe { r.bump() };
+                unsafe { cell.bump() };
             }
         };
+        // Helper threads that have returned; counted rather than joined,
+        // because a helper may still unpark the caller after `share` has
+        // returned (a spare token, harmless to `park`), and loom takes an
+        // unpark during `join` for a broken join.
+        let ended = Arc::new(AtomicU32::new(0));
         share(&work, helpers, |h| {
-            thread::spawn(move || h.run());
+            let ended = ended.clone();
+            thread::spawn(move || {
+                h.run();
+                ended.fetch_add(1, Ordering::Release);
+            });
         });
         // A helper still bumping, or whose bumps are not ordered before
         // this point, races with these reads.
-        for r in &ran {
+        for cell in &ran {
             // SAFETY: every thread that ran tasks is done (what loom checks).
-            assert_eq!(unsafe { r.get() }, 1, "a task ran twice or never");
+            assert_eq!(unsafe { cell.get() }, 1, "a task ran twice or never");
         }
-        *returned.lock().unwrap() = true;
+        returned.lock().unwrap().0 = true;
+        // Every helper has ended (the work's borrows are still alive here).
+        while ended.load(Ordering::Acquire) < helpers as u32 {
+            thread::yield_now();
+        }
+        assert!(!returned.lock().unwrap().1, "work entered after return");
     });
 }
 
