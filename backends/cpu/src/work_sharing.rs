@@ -283,6 +283,14 @@ mod tests {
         }
     }
 
+    /// A helper's task in the waiting tests: marks it started, then holds
+    /// long enough that a caller that did not wait would return first.
+    fn slow_task(started: &AtomicUsize, finished: &AtomicUsize) {
+        started.store(1, Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        finished.store(1, Relaxed);
+    }
+
     /// Runs `h` on a new thread and returns once it has entered the work
     /// (`started`), so that the caller's part finds it RUNNING.
     fn start(h: Helper, started: &AtomicUsize) {
@@ -298,9 +306,7 @@ mod tests {
         let caller = std::thread::current().id();
         let work = || {
             if std::thread::current().id() != caller {
-                started.store(1, Relaxed);
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                finished.store(1, Relaxed);
+                slow_task(&started, &finished);
             }
         };
         share(&work, 1, |h| start(h, &started));
@@ -335,9 +341,7 @@ mod tests {
                 // take as long as the helper's sleep.
                 resume_unwind(Box::new("caller failed"));
             }
-            started.store(1, Relaxed);
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            finished.store(1, Relaxed);
+            slow_task(&started, &finished);
         };
         let got = catch_unwind(AssertUnwindSafe(|| share(&work, 1, |h| start(h, &started))));
         let p = got.expect_err("the caller's panic propagates");
@@ -351,9 +355,7 @@ mod tests {
         let caller = std::thread::current().id();
         let work = || {
             if std::thread::current().id() != caller {
-                started.store(1, Relaxed);
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                finished.store(1, Relaxed);
+                slow_task(&started, &finished);
             }
         };
         let mut n = 0;
