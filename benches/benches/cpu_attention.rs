@@ -50,7 +50,7 @@ fn stream_read(bytes: &[u8], threads: usize) -> u64 {
             total.fetch_add(sum(part), Relaxed);
         }
     };
-    kvslice_cpu::work_sharing::share(&work, threads - 1, |h| rayon_core::spawn(move || h.run()));
+    kvslice_cpu::work_sharing::share_in_pool(&work, threads - 1);
     total.into_inner()
 }
 

@@ -366,7 +366,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             // global pool, whose workers outlive the call (see
             // `with_threads`), and only if they start before the caller
             // has taken the last task.
-            crate::work_sharing::share(&work, threads - 1, |h| rayon_core::spawn(move || h.run()));
+            crate::work_sharing::share_in_pool(&work, threads - 1);
         }
         if let Some(e) = failure.into_inner().unwrap() {
             return Err(e);

@@ -161,21 +161,28 @@ pub fn share<F: Fn() + Sync>(work: &F, helpers: usize, mut spawn: impl FnMut(Hel
     }
 }
 
+/// [`share`] with its helpers from rayon's global pool: each is a
+/// `rayon_core::spawn` job, which an idle worker takes when it wakes.
+pub fn share_in_pool<F: Fn() + Sync>(work: &F, helpers: usize) {
+    share(work, helpers, |h| rayon_core::spawn(move || h.run()));
+}
+
 /// Calls off every helper that has not started, then waits for those that
 /// have (calling off first, so that no helper starts while the caller
 /// waits on another); returns the helpers' panics, unopened.
 fn settle(slots: &[Arc<Slot>]) -> Vec<Box<dyn Any + Send>> {
-    let started: Vec<&Slot> = slots
-        .iter()
-        .filter(|s| {
-            s.state
-                .compare_exchange(PENDING, CALLED_OFF, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        })
-        .map(|s| &**s)
-        .collect();
+    for s in slots {
+        let _ = s
+            .state
+            .compare_exchange(PENDING, CALLED_OFF, Ordering::Relaxed, Ordering::Relaxed);
+    }
     let mut panics = Vec::new();
-    for s in started {
+    // CALLED_OFF is final and only this thread stores it, so the slots
+    // not in it are exactly those whose helper started.
+    for s in slots
+        .iter()
+        .filter(|s| s.state.load(Ordering::Relaxed) != CALLED_OFF)
+    {
         let mut spin = Spin::new();
         // Acquire: the helper's writes (its tasks' results) before DONE.
         while s.state.load(Ordering::Acquire) != DONE {
