@@ -592,7 +592,14 @@ unsafe fn four_row_sums<const E: u8, const K: usize>(
             }
             c += 8;
         }
-        a.map(|acc| hsum4(acc))
+        // A loop, not `a.map(..)`: a closure carries this function's
+        // target features, so `array::map` (which lacks them) could not
+        // inline it (avx512.rs's `row_sums` was 5x slower for it).
+        let mut sums = [_mm_setzero_ps(); K];
+        for (sum, acc) in sums.iter_mut().zip(a) {
+            *sum = hsum4(acc);
+        }
+        sums
     }
 }
 
@@ -1027,7 +1034,10 @@ unsafe fn softmax_four_rows(
     // the state is read and written as four lanes, per the contract.
     unsafe {
         let old = _mm_loadu_ps(max);
-        let mut vm = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*max.add(i)));
+        let mut vm = [_mm256_setzero_ps(); 4];
+        for (i, m) in vm.iter_mut().enumerate() {
+            *m = _mm256_set1_ps(*max.add(i));
+        }
         let mut c = 0;
         while c < n {
             for (i, m) in vm.iter_mut().enumerate() {
@@ -1040,7 +1050,10 @@ unsafe fn softmax_four_rows(
         let factor = rescale_factors(old, new);
         _mm_storeu_ps(rescale, factor);
         let mut vs = [_mm256_setzero_ps(); 4];
-        let mv = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*max.add(i)));
+        let mut mv = [_mm256_setzero_ps(); 4];
+        for (i, m) in mv.iter_mut().enumerate() {
+            *m = _mm256_set1_ps(*max.add(i));
+        }
         let mut c = 0;
         while c < n {
             for i in 0..4 {
