@@ -61,6 +61,13 @@ fn decode(c: &mut Criterion) {
         "kvslice-cpu kernels: {}, {threads} threads",
         engine.kernels().name
     );
+    // Every other SIMD set this CPU runs (AVX2 on an AVX-512 machine), on
+    // the same work, so the sets are compared in one run.
+    let others: Vec<(String, CpuEngine)> = Kernels::supported()
+        .into_iter()
+        .filter(|k| k.name != engine.kernels().name && k.name != "scalar")
+        .map(|k| (k.name.to_string(), CpuEngine::new().with_kernels(k)))
+        .collect();
     let mut g = c.benchmark_group("decode_f16_32q8kv_d128_b8");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
@@ -85,27 +92,18 @@ fn decode(c: &mut Criterion) {
                     .unwrap()
             })
         });
-        // Every other SIMD set this CPU runs (AVX2 on an AVX-512 machine),
-        // on the same work, so the sets are compared in one run.
-        for k in Kernels::supported()
-            .into_iter()
-            .filter(|k| k.name != engine.kernels().name && k.name != "scalar")
-        {
-            let other = CpuEngine::new().with_kernels(k);
-            g.bench_function(
-                BenchmarkId::new(format!("kvslice_cpu_{}", k.name), ctx),
-                |b| {
-                    b.iter(|| {
-                        other
-                            .attend(
-                                &pages,
-                                &AttentionBatch::new(0, 0, &seqs, &q, scale),
-                                &mut out,
-                            )
-                            .unwrap()
-                    })
-                },
-            );
+        for (name, other) in &others {
+            g.bench_function(BenchmarkId::new(format!("kvslice_cpu_{name}"), ctx), |b| {
+                b.iter(|| {
+                    other
+                        .attend(
+                            &pages,
+                            &AttentionBatch::new(0, 0, &seqs, &q, scale),
+                            &mut out,
+                        )
+                        .unwrap()
+                })
+            });
         }
         // The compute ceiling: the same work with every block table cycling
         // over its sequence's first two pages (1 MiB in all, cache-resident).
@@ -151,35 +149,55 @@ fn decode(c: &mut Criterion) {
             let scattered_seqs = decode_seqs(&scattered, ctx);
             let scattered_batch = AttentionBatch::new(0, 0, &scattered_seqs, &q, scale);
             let mut scattered_out = vec![0f32; q.len()];
-            interleaved(
-                ctx,
-                span,
-                threads,
-                &mut [
-                    ("decode", &mut || {
+            let mut steps: Vec<Step<'_>> = vec![
+                (
+                    "decode".into(),
+                    Box::new(|| {
                         engine.attend(&pages, &batch, &mut out).unwrap();
                         black_box(&out);
                     }),
-                    // The compute ceiling row, in the same rounds: decode's
-                    // time with its memory traffic taken away (mostly).
-                    ("decode, cache-resident pages", &mut || {
+                ),
+                // The compute ceiling row, in the same rounds: decode's
+                // time with its memory traffic taken away (mostly).
+                (
+                    "decode, cache-resident pages".into(),
+                    Box::new(|| {
                         engine.attend(&pages, &hot_batch, &mut hot_out).unwrap();
                         black_box(&hot_out);
                     }),
-                    // What spans of four blocks gain over one kernel call
-                    // per block, in the same rounds.
-                    ("decode, one block per call", &mut || {
+                ),
+                // What spans of four blocks gain over one kernel call
+                // per block, in the same rounds.
+                (
+                    "decode, one block per call".into(),
+                    Box::new(|| {
                         blockwise.attend(&pages, &batch, &mut block_out).unwrap();
                         black_box(&block_out);
                     }),
-                    ("decode, pages in random order", &mut || {
+                ),
+                (
+                    "decode, pages in random order".into(),
+                    Box::new(|| {
                         engine
                             .attend(&pages, &scattered_batch, &mut scattered_out)
                             .unwrap();
                         black_box(&scattered_out);
                     }),
-                ],
-            );
+                ),
+            ];
+            // The other SIMD sets' decode, in the same rounds.
+            for (name, other) in &others {
+                let (pages, batch, mut out) = (&pages, &batch, vec![0f32; q.len()]);
+                steps.push((
+                    format!("decode, {name} kernels"),
+                    Box::new(move || {
+                        other.attend(pages, batch, &mut out).unwrap();
+                        black_box(&out);
+                    }),
+                ));
+            }
+            interleaved(ctx, span, threads, &mut steps);
+            drop(steps);
             // The same K/V bytes read by one query head per kv head: a
             // quarter of the arithmetic, so the ratio shows how close the
             // access pattern itself comes to the read loop, and how much of
@@ -193,10 +211,13 @@ fn decode(c: &mut Criterion) {
                 ctx,
                 span,
                 threads,
-                &mut [("decode, 1 query head per kv head", &mut || {
-                    engine.attend(&light, &batch, &mut light_out).unwrap();
-                    black_box(&light_out);
-                })],
+                &mut [(
+                    "decode, 1 query head per kv head".into(),
+                    Box::new(|| {
+                        engine.attend(&light, &batch, &mut light_out).unwrap();
+                        black_box(&light_out);
+                    }),
+                )],
             );
         }
     }
@@ -278,7 +299,10 @@ fn interleaved_wanted() -> bool {
 /// and their ratio, and each later step against the first (when the
 /// first is decode and a later one the same work on cache-resident
 /// pages, that says how much of decode's time memory still adds).
-fn interleaved(ctx: usize, span: &[u8], threads: usize, steps: &mut [(&str, &mut dyn FnMut())]) {
+/// Each step is a name and its work.
+type Step<'a> = (String, Box<dyn FnMut() + 'a>);
+
+fn interleaved(ctx: usize, span: &[u8], threads: usize, steps: &mut [Step<'_>]) {
     let mut times = vec![Vec::new(); steps.len()];
     let mut read = Vec::new();
     for _ in 0..INTERLEAVED_ROUNDS {
