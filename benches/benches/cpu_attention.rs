@@ -54,6 +54,17 @@ fn stream_read(bytes: &[u8], threads: usize) -> u64 {
     total.into_inner()
 }
 
+/// An engine for every SIMD set this CPU runs other than `engine`'s (AVX2
+/// on an AVX-512 machine), by name, so that the sets are compared on the
+/// same work in one run.
+fn other_simd_sets(engine: &CpuEngine) -> Vec<(String, CpuEngine)> {
+    Kernels::supported()
+        .into_iter()
+        .filter(|k| k.name != engine.kernels().name && k.name != "scalar")
+        .map(|k| (k.name.to_string(), CpuEngine::new().with_kernels(k)))
+        .collect()
+}
+
 fn decode(c: &mut Criterion) {
     let engine = CpuEngine::new();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -61,13 +72,7 @@ fn decode(c: &mut Criterion) {
         "kvslice-cpu kernels: {}, {threads} threads",
         engine.kernels().name
     );
-    // Every other SIMD set this CPU runs (AVX2 on an AVX-512 machine), on
-    // the same work, so the sets are compared in one run.
-    let others: Vec<(String, CpuEngine)> = Kernels::supported()
-        .into_iter()
-        .filter(|k| k.name != engine.kernels().name && k.name != "scalar")
-        .map(|k| (k.name.to_string(), CpuEngine::new().with_kernels(k)))
-        .collect();
+    let others = other_simd_sets(&engine);
     let mut g = c.benchmark_group("decode_f16_32q8kv_d128_b8");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
@@ -480,7 +485,16 @@ fn prefill(c: &mut Criterion) {
     // The same prefill with every query row of a kv head in one task
     // (no query tiles), so that what tiles gain is measured in this run.
     let untiled = CpuEngine::new().with_query_tile_rows(0);
-    for (name, engine) in [("kvslice_cpu", &engine), ("kvslice_cpu_untiled", &untiled)] {
+    let mut rows = vec![
+        ("kvslice_cpu".to_string(), engine.clone()),
+        ("kvslice_cpu_untiled".to_string(), untiled),
+    ];
+    rows.extend(
+        other_simd_sets(&engine)
+            .into_iter()
+            .map(|(name, e)| (format!("kvslice_cpu_{name}"), e)),
+    );
+    for (name, engine) in &rows {
         g.bench_function(name, |b| {
             b.iter(|| {
                 engine
