@@ -21,10 +21,10 @@ use kvslice_benches::decode_workload::{
 };
 use kvslice_core::testkit::Rng;
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, KvLayout, LayoutSpec, PageBuf, PageGeometry, PageId,
+    AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, PageBuf, PageGeometry, PageId,
     PageMemory, PageMemoryMut, SeqAttention,
 };
-use kvslice_cpu::{CpuEngine, Kernels};
+use kvslice_cpu::{CpuEngine, Kernels, SoftmaxState};
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
 /// core: the memory read bandwidth the attention has to live within. Its
@@ -522,5 +522,63 @@ fn prefill(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, decode, decode_small, prefill);
+/// The four-row decode kernels alone, per SIMD set, on one thread: 64 f16
+/// keys of 128 elements (one span, 16 KiB of K and of V, L1-resident)
+/// against four query rows. Per key each takes 64 eight-lane FMAs, so the
+/// FMA floor (printed from the one-thread peak) is the same for both and
+/// for every set; a set far above it, or above another set, shows here
+/// before it hides in decode's memory time (a closure that could not be
+/// inlined once made AVX-512's scores 6.5x slower than AVX2's).
+fn four_row_kernels(c: &mut Criterion) {
+    const KEYS: usize = 64;
+    let d = HEAD_DIM as usize;
+    let mut rng = Rng::new(11);
+    let mut k = vec![0u8; KEYS * d * 2];
+    let mut v = vec![0u8; KEYS * d * 2];
+    KvDtype::F16.encode_row(&rng.vec(KEYS * d), &mut k).unwrap();
+    KvDtype::F16.encode_row(&rng.vec(KEYS * d), &mut v).unwrap();
+    let q: Vec<f32> = rng.vec(4 * d).iter().map(|x| x * 0.1).collect();
+    if let Some(peak) = fma_peak::gflops(1) {
+        // 64 FMAs of 8 lanes, 2 flops each, per key and kernel.
+        eprintln!(
+            "four-row kernels: FMA floor {:.2} ns per key (one-thread peak {peak:.1} GFLOP/s)",
+            64.0 * 8.0 * 2.0 / peak
+        );
+    }
+    let mut g = c.benchmark_group("four_row_kernels_f16_d128_64keys");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(1))
+        .throughput(Throughput::Elements(KEYS as u64));
+    for set in Kernels::supported() {
+        let Some(fk) = set.stored.and_then(|s| s.four_rows) else {
+            continue;
+        };
+        let mut w = vec![0f32; 4 * KEYS];
+        let (mut max, mut sum, mut rescale) = ([0f32; 4], [0f32; 4], [0f32; 4]);
+        g.bench_function(BenchmarkId::new("scores_softmax", set.name), |b| {
+            b.iter(|| {
+                // A fresh state each call, so that the sums stay finite.
+                (max, sum) = ([f32::NEG_INFINITY; 4], [0.0; 4]);
+                let state = SoftmaxState {
+                    max: &mut max,
+                    sum: &mut sum,
+                    rescale: &mut rescale,
+                };
+                (fk.scores_softmax)(KvDtype::F16, &q, &[&k], &mut w, state, &[]);
+                black_box(&w);
+            })
+        });
+        let mut acc = vec![0f32; 4 * d];
+        g.bench_function(BenchmarkId::new("weighted_sum", set.name), |b| {
+            b.iter(|| {
+                (fk.weighted_sum)(KvDtype::F16, &w, &[&v], &mut acc, &[]);
+                black_box(&acc);
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode, decode_small, prefill, four_row_kernels);
 criterion_main!(benches);
