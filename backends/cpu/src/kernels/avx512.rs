@@ -7,10 +7,11 @@
 //! weighted-sum pass, and add up every score and weighted sum in the same
 //! order as this set's general kernels, so the two paths agree to the bit.
 //!
-//! None of the machines this project builds on has AVX-512: these kernels
-//! are tested under Bochs's AVX-512 emulation (`.ci/avx512-emulated.sh`),
-//! which runs this crate's tests with `KVSLICE_REQUIRE_KERNELS` naming
-//! this set, and they have not been timed on real hardware.
+//! CI has no AVX-512 CPU: these kernels are tested under Bochs's AVX-512
+//! emulation (`.ci/avx512-emulated.sh`), which runs this crate's tests with
+//! `KVSLICE_REQUIRE_KERNELS` naming this set. The one AVX-512 CPU they
+//! have been timed on, an AMD Zen 4, ran them slower than the AVX2 set
+//! ([`splits_512_bit_ops`]), so there they come second.
 
 use std::arch::x86_64::*;
 
