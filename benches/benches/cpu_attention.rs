@@ -202,7 +202,6 @@ fn decode(c: &mut Criterion) {
                 ));
             }
             interleaved(ctx, span, threads, &mut steps);
-            drop(steps);
             // The same K/V bytes read by one query head per kv head: a
             // quarter of the arithmetic, so the ratio shows how close the
             // access pattern itself comes to the read loop, and how much of
@@ -278,6 +277,9 @@ fn one_query_head_per_kv_head(pages: &PageBuf) -> PageBuf {
     copy
 }
 
+/// One step of [`interleaved`]: its name and its work.
+type Step<'a> = (String, Box<dyn FnMut() + 'a>);
+
 /// Rounds of the interleaved decode-against-read-loop measurement.
 const INTERLEAVED_ROUNDS: usize = 21;
 
@@ -304,9 +306,6 @@ fn interleaved_wanted() -> bool {
 /// and their ratio, and each later step against the first (when the
 /// first is decode and a later one the same work on cache-resident
 /// pages, that says how much of decode's time memory still adds).
-/// Each step is a name and its work.
-type Step<'a> = (String, Box<dyn FnMut() + 'a>);
-
 fn interleaved(ctx: usize, span: &[u8], threads: usize, steps: &mut [Step<'_>]) {
     let mut times = vec![Vec::new(); steps.len()];
     let mut read = Vec::new();

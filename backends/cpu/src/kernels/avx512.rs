@@ -56,15 +56,19 @@ pub(super) fn kernels() -> Option<Kernels> {
 
 /// Whether this CPU is an AMD Zen 4 (family 19h; its other members have
 /// no AVX-512), which runs each 512-bit operation as two 256-bit halves.
-/// There this set measured slower than AVX2's, which also has the
-/// sixteen-register kernels: 117 against 150 GFLOP/s in prefill, and 19.0
-/// against 22.0 GiB/s in decode at 1k (docs/BENCHMARKS.md, "Zen 4"), as
-/// its horizontal sums of 512-bit accumulators cost more than the wider
-/// operations save. [`super::Kernels::supported`] puts AVX2 first there.
+/// There this set measured slower than AVX2's: the four-row scores 15.7
+/// against 12.0 ns per key, AVX2's decode 1–32% faster in the
+/// interleaved rounds, prefill 117 and 147 against 150 and 156 GFLOP/s in two runs
+/// (docs/BENCHMARKS.md, "Zen 4"), as its horizontal sums of 512-bit
+/// accumulators cost more than the wider operations save.
+/// [`super::Kernels::supported`] puts AVX2 first there.
 pub(super) fn splits_512_bit_ops() -> bool {
     let (vendor, version) = (__cpuid(0), __cpuid(1));
-    // "AuthenticAMD", in the order cpuid leaves it.
-    let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+    let mut name = [0u8; 12];
+    for (part, reg) in name.chunks_mut(4).zip([vendor.ebx, vendor.edx, vendor.ecx]) {
+        part.copy_from_slice(&reg.to_le_bytes());
+    }
+    let amd = name == *b"AuthenticAMD";
     let base = (version.eax >> 8) & 0xf;
     let family = if base == 0xf {
         base + ((version.eax >> 20) & 0xff)
