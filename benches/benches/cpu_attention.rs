@@ -60,7 +60,7 @@ fn stream_read(bytes: &[u8], threads: usize) -> u64 {
 fn other_simd_sets(engine: &CpuEngine) -> Vec<(String, CpuEngine)> {
     Kernels::supported()
         .into_iter()
-        .filter(|k| k.name != engine.kernels().name && k.name != "scalar")
+        .filter(|k| k.name != engine.kernels().name && k.name != Kernels::scalar().name)
         .map(|k| (k.name.to_string(), CpuEngine::new().with_kernels(k)))
         .collect()
 }
