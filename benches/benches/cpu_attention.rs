@@ -190,6 +190,19 @@ fn decode(c: &mut Criterion) {
                     }),
                 ),
             ];
+            // What a kernel with only decode's unavoidable arithmetic
+            // reaches (`ideal_kernel`), in the same rounds: fed by the
+            // kernels' prefetches, and by the hardware prefetchers alone.
+            if ideal_kernel::supported() {
+                steps.push((
+                    "ideal kernel, software prefetch".into(),
+                    Box::new(|| ideal_kernel::run::<true>(span, threads)),
+                ));
+                steps.push((
+                    "ideal kernel, hardware prefetch in address order".into(),
+                    Box::new(|| ideal_kernel::run::<false>(span, threads)),
+                ));
+            }
             // The other SIMD sets' decode, in the same rounds.
             for (name, other) in &others {
                 let (pages, batch, mut out) = (&pages, &batch, vec![0f32; q.len()]);
@@ -392,6 +405,107 @@ mod candle_peer {
         g.bench_function(BenchmarkId::new("candle_flash_attn", ctx), |b| {
             b.iter(|| flash_attn::<f16>(&qt, &kt, &vt, scale, AttnMask::None, None, None).unwrap())
         });
+    }
+}
+
+/// A stand-in for a decode kernel that does nothing but the arithmetic
+/// no f16 kernel can avoid: it reads the bytes the read loop reads, a
+/// 4 KiB region (one kv head's K or V in one page) at a time, converts
+/// each 64-byte line's 32 f16 elements to f32 (4 `vcvtph2ps`) and spends
+/// on it decode's FMAs at four query heads per kv head (4 rows × 4
+/// vectors = 16), with no sums, softmax, query loads or stores. With
+/// `PREFETCH` it prefetches eight regions ahead as the kernels do
+/// (`Ahead`: T1, in even bursts over the current region); without, only
+/// the hardware prefetchers feed it, which they do well here because the
+/// regions come in address order (decode's come from pages 64 KiB apart).
+/// Against the read loop in the same rounds, it says how much of decode's
+/// gap a faster kernel could close and how much is the way bytes arrive.
+mod ideal_kernel {
+    use kvslice_benches::decode_workload::{BLOCK, HEAD_DIM};
+
+    /// One kv head's K (or V) in one page: 16 tokens × 128 f16.
+    const REGION: usize = BLOCK as usize * HEAD_DIM as usize * 2;
+    /// Regions between the one consumed and the one prefetched.
+    const AHEAD: usize = 8;
+    /// Prefetch bursts per region, spread over its lines.
+    const BURSTS: usize = 16;
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn consume<const PREFETCH: bool>(part: &[u8]) -> f32 {
+        use std::arch::x86_64::*;
+        let q = [
+            _mm256_set1_ps(0.5),
+            _mm256_set1_ps(0.25),
+            _mm256_set1_ps(0.125),
+            _mm256_set1_ps(0.0625),
+        ];
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let regions: Vec<&[u8]> = part.chunks(REGION).collect();
+        for (r, region) in regions.iter().enumerate() {
+            let ahead = regions.get(r + AHEAD).copied().unwrap_or(&[]);
+            let burst = REGION / BURSTS;
+            for (b, piece) in region.chunks(burst).enumerate() {
+                let lines = ahead.chunks(burst).nth(b).unwrap_or(&[]);
+                for line in lines.chunks(64).filter(|_| PREFETCH) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                }
+                for line in piece.chunks_exact(64) {
+                    // Loops, not closures: a closure would not inherit
+                    // this function's target features (avx2.rs's kernels).
+                    let mut x = [_mm256_setzero_ps(); 4];
+                    for (v, x) in x.iter_mut().enumerate() {
+                        // SAFETY: `line` holds 64 bytes, four 16-byte
+                        // loads' worth; SSE2 is part of x86-64.
+                        let h = unsafe { _mm_loadu_si128(line.as_ptr().add(16 * v).cast()) };
+                        *x = _mm256_cvtph_ps(h);
+                    }
+                    for (v, x) in x.into_iter().enumerate() {
+                        for (i, q) in q.into_iter().enumerate() {
+                            let a = &mut acc[(4 * v + i) % 8];
+                            *a = _mm256_fmadd_ps(q, x, *a);
+                        }
+                    }
+                }
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
+        _mm256_cvtss_f32(s)
+    }
+
+    /// Whether this CPU runs [`run`] (AVX2, FMA and F16C).
+    pub fn supported() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Consumes `bytes` on `threads` threads, shared as [`stream_read`]
+    /// shares them (parts of 1 MiB from one counter).
+    ///
+    /// # Panics
+    /// Where [`supported`] is false.
+    ///
+    /// [`stream_read`]: super::stream_read
+    pub fn run<const PREFETCH: bool>(bytes: &[u8], threads: usize) {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        assert!(supported(), "the ideal kernel needs AVX2, FMA and F16C");
+        const PART: usize = 1 << 20;
+        let next = AtomicUsize::new(0);
+        let work = || {
+            while let Some(part) = bytes.chunks(PART).nth(next.fetch_add(1, Relaxed)) {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `supported` (asserted above) detected AVX2, FMA
+                // and F16C.
+                std::hint::black_box(unsafe { consume::<PREFETCH>(part) });
+            }
+        };
+        kvslice_cpu::work_sharing::share_in_pool(&work, threads - 1);
     }
 }
 
