@@ -414,8 +414,9 @@ mod candle_peer {
 /// each 64-byte line's 32 f16 elements to f32 (4 `vcvtph2ps`) and spends
 /// on it decode's FMAs at four query heads per kv head (4 rows × 4
 /// vectors = 16), with no sums, softmax, query loads or stores. With
-/// `PREFETCH` it prefetches eight regions ahead as the kernels do
-/// (`Ahead`: T1, in even bursts over the current region); without, only
+/// `PREFETCH` it prefetches as the kernels do (`Ahead`: T1, in even
+/// bursts over the current region, four regions or 16 KiB ahead, as
+/// decode's next head's span is); without, only
 /// the hardware prefetchers feed it, which they do well here because the
 /// regions come in address order (decode's come from pages 64 KiB apart).
 /// Against the read loop in the same rounds, it says how much of decode's
@@ -425,8 +426,10 @@ mod ideal_kernel {
 
     /// One kv head's K (or V) in one page: 16 tokens × 128 f16.
     const REGION: usize = BLOCK as usize * HEAD_DIM as usize * 2;
-    /// Regions between the one consumed and the one prefetched.
-    const AHEAD: usize = 8;
+    /// Regions between the one consumed and the one prefetched: decode
+    /// prefetches the next head's span, four regions (docs/BENCHMARKS.md
+    /// has two and eight).
+    const AHEAD: usize = 4;
     /// Prefetch bursts per region, spread over its lines.
     const BURSTS: usize = 16;
 
