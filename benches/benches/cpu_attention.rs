@@ -27,31 +27,36 @@ use kvslice_core::{
 use kvslice_cpu::{CpuEngine, Kernels, SoftmaxState};
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
-/// core: the memory read bandwidth the attention has to live within. Its
-/// threads share the work as the engine's do (`work_sharing`): parts of
-/// 1 MiB taken in address order from one counter by the calling thread and
-/// by the pool workers that start in time, so both pay the same to start
-/// their threads.
+/// core: the memory read bandwidth the attention has to live within.
 fn stream_read(bytes: &[u8], threads: usize) -> u64 {
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-    const PART: usize = 1 << 20;
-    let sum = |part: &[u8]| {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let total = AtomicU64::new(0);
+    in_parts(bytes, threads, |part| {
         let mut acc = [0u64; 4];
         for line in part.chunks_exact(32) {
             for (i, w) in line.chunks_exact(8).enumerate() {
                 acc[i] = acc[i].wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
             }
         }
-        acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
-    };
-    let (next, total) = (AtomicUsize::new(0), AtomicU64::new(0));
+        total.fetch_add(acc.iter().fold(0u64, |a, b| a.wrapping_add(*b)), Relaxed);
+    });
+    total.into_inner()
+}
+
+/// Runs `f` over `bytes` on `threads` threads as the engine shares its
+/// work (`work_sharing`): parts of 1 MiB taken in address order from one
+/// counter by the calling thread and by the pool workers that start in
+/// time, so a pass pays what decode pays to start its threads.
+fn in_parts(bytes: &[u8], threads: usize, f: impl Fn(&[u8]) + Sync) {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    const PART: usize = 1 << 20;
+    let next = AtomicUsize::new(0);
     let work = || {
         while let Some(part) = bytes.chunks(PART).nth(next.fetch_add(1, Relaxed)) {
-            total.fetch_add(sum(part), Relaxed);
+            f(part);
         }
     };
     kvslice_cpu::work_sharing::share_in_pool(&work, threads - 1);
-    total.into_inner()
 }
 
 /// An engine for every SIMD set this CPU runs other than `engine`'s (AVX2
@@ -193,6 +198,7 @@ fn decode(c: &mut Criterion) {
             // What a kernel with only decode's unavoidable arithmetic
             // reaches (`ideal_kernel`), in the same rounds: fed by the
             // kernels' prefetches, and by the hardware prefetchers alone.
+            #[cfg(target_arch = "x86_64")]
             if ideal_kernel::supported() {
                 steps.push((
                     "ideal kernel, software prefetch".into(),
@@ -421,6 +427,7 @@ mod candle_peer {
 /// regions come in address order (decode's come from pages 64 KiB apart).
 /// Against the read loop in the same rounds, it says how much of decode's
 /// gap a faster kernel could close and how much is the way bytes arrive.
+#[cfg(target_arch = "x86_64")]
 mod ideal_kernel {
     use kvslice_benches::decode_workload::{BLOCK, HEAD_DIM};
 
@@ -433,7 +440,6 @@ mod ideal_kernel {
     /// Prefetch bursts per region, spread over its lines.
     const BURSTS: usize = 16;
 
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn consume<const PREFETCH: bool>(part: &[u8]) -> f32 {
         use std::arch::x86_64::*;
@@ -480,35 +486,25 @@ mod ideal_kernel {
 
     /// Whether this CPU runs [`run`] (AVX2, FMA and F16C).
     pub fn supported() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        return is_x86_feature_detected!("avx2")
+        is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        #[cfg(not(target_arch = "x86_64"))]
-        false
+            && is_x86_feature_detected!("f16c")
     }
 
-    /// Consumes `bytes` on `threads` threads, shared as [`stream_read`]
-    /// shares them (parts of 1 MiB from one counter).
+    /// Consumes `bytes` on `threads` threads, shared as the read loop
+    /// shares them ([`in_parts`]).
     ///
     /// # Panics
     /// Where [`supported`] is false.
     ///
-    /// [`stream_read`]: super::stream_read
+    /// [`in_parts`]: super::in_parts
     pub fn run<const PREFETCH: bool>(bytes: &[u8], threads: usize) {
-        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
         assert!(supported(), "the ideal kernel needs AVX2, FMA and F16C");
-        const PART: usize = 1 << 20;
-        let next = AtomicUsize::new(0);
-        let work = || {
-            while let Some(part) = bytes.chunks(PART).nth(next.fetch_add(1, Relaxed)) {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `supported` (asserted above) detected AVX2, FMA
-                // and F16C.
-                std::hint::black_box(unsafe { consume::<PREFETCH>(part) });
-            }
-        };
-        kvslice_cpu::work_sharing::share_in_pool(&work, threads - 1);
+        super::in_parts(bytes, threads, |part| {
+            // SAFETY: `supported` (asserted above) detected AVX2, FMA and
+            // F16C.
+            std::hint::black_box(unsafe { consume::<PREFETCH>(part) });
+        });
     }
 }
 
