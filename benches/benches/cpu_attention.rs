@@ -420,11 +420,11 @@ mod candle_peer {
 /// each 64-byte line's 32 f16 elements to f32 (4 `vcvtph2ps`) and spends
 /// on it decode's FMAs at four query heads per kv head (4 rows × 4
 /// vectors = 16), with no sums, softmax, query loads or stores. With
-/// `PREFETCH` it prefetches as the kernels do (`Ahead`: T1, in even
-/// bursts over the current region, four regions or 16 KiB ahead, as
-/// decode's next head's span is); without, only
-/// the hardware prefetchers feed it, which they do well here because the
-/// regions come in address order (decode's come from pages 64 KiB apart).
+/// `PREFETCH` it prefetches as the kernels do (`Ahead`: T1, in even bursts
+/// over the current region, four regions or 16 KiB ahead, as decode's next
+/// head's span is); without, only the hardware prefetchers feed it, which
+/// they do well here because the regions come in address order (decode's
+/// come from pages 64 KiB apart).
 /// Against the read loop in the same rounds, it says how much of decode's
 /// gap a faster kernel could close and how much is the way bytes arrive.
 #[cfg(target_arch = "x86_64")]
@@ -455,9 +455,10 @@ mod ideal_kernel {
             let ahead = regions.get(r + AHEAD).copied().unwrap_or(&[]);
             let burst = REGION / BURSTS;
             for (b, piece) in region.chunks(burst).enumerate() {
-                let lines = ahead.chunks(burst).nth(b).unwrap_or(&[]);
-                for line in lines.chunks(64).filter(|_| PREFETCH) {
-                    _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                if PREFETCH {
+                    for line in ahead.chunks(burst).nth(b).unwrap_or(&[]).chunks(64) {
+                        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+                    }
                 }
                 for line in piece.chunks_exact(64) {
                     // Loops, not closures: a closure would not inherit

@@ -57,8 +57,8 @@ pub(super) fn kernels() -> Option<Kernels> {
 /// Whether this CPU is an AMD Zen 4 (family 19h; its other members have
 /// no AVX-512), which runs each 512-bit operation as two 256-bit halves.
 /// There this set measured slower than AVX2's: the four-row scores 15.7
-/// against 12.0 ns per key, AVX2's decode 1–32% faster in the
-/// interleaved rounds, prefill 117 and 147 against 150 and 156 GFLOP/s in two runs
+/// against 12.0 ns per key, AVX2's decode 1–32% faster in the interleaved
+/// rounds, prefill 117 and 147 against 150 and 156 GFLOP/s in two runs
 /// (docs/BENCHMARKS.md, "Zen 4"), as its horizontal sums of 512-bit
 /// accumulators cost more than the wider operations save.
 /// [`super::Kernels::supported`] puts AVX2 first there.
