@@ -29,8 +29,10 @@ use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 /// takes every kv head of its pages and reads each page in address order,
 /// every head's K and then every head's V, one rising stream rather than
 /// one head's 4 KiB of each. While a head's K (or V) is computed, the next
-/// region of the stream is prefetched, spread over the loops so that the
-/// line-fill buffers never all wait at once. Long queries (prefill) are cut
+/// region of the stream is prefetched: by the four-row kernels line for
+/// line alongside the lines they load (each page's next head), by the
+/// others spread over their loops, so that the line-fill buffers never
+/// all wait at once. Long queries (prefill) are cut
 /// into tiles of about 256 query rows, each a task over the keys it sees,
 /// so that a tile's rows and accumulators stay in cache while K and V pass
 /// (flash attention's loop order). Long contexts are cut into chunks of
@@ -579,7 +581,9 @@ impl CpuEngine {
             // head's K and then every head's V (docs/BENCHMARKS.md); each
             // head's next regions in that order are prefetched while it
             // computes: the next head's K, the first head's V, the next
-            // head's V, the next span's first K.
+            // head's V, the next span's first K, one region per page, so
+            // that the four-row kernels pair each with the segment they
+            // compute in the same page.
             for i in 0..heads.len() {
                 let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k);
                 let (segs, ahead) = (cut(&heads[i].k), whole(&span, ahead));

@@ -50,6 +50,8 @@ fn prefetch(bytes: &[u8]) {
 /// Prefetches the line holding `at` (callers pass addresses inside a
 /// slice they hold).
 fn prefetch_at(at: *const u8) {
+    #[cfg(test)]
+    tests::FETCHED.with(|lines| lines.borrow_mut().push(at as usize / 64));
     // SAFETY: a prefetch is a hint with no architectural effect; it never
     // faults, whatever the address. SSE is part of x86-64.
     unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
@@ -69,9 +71,6 @@ pub(super) struct Ahead<'a> {
     rest: &'a [&'a [u8]],
     /// Bytes per burst, whole lines.
     burst: usize,
-    /// Every line walked, in order (for the tests).
-    #[cfg(test)]
-    walked: Vec<usize>,
 }
 
 impl<'a> Ahead<'a> {
@@ -99,8 +98,6 @@ impl<'a> Ahead<'a> {
             // division) finished early, and the miss buffers then idled
             // until the next region's kernel (docs/BENCHMARKS.md).
             burst: lines.div_ceil(steps.max(1)) << 6,
-            #[cfg(test)]
-            walked: Vec::new(),
         }
     }
 
@@ -110,8 +107,6 @@ impl<'a> Ahead<'a> {
             let stop = self.end.min(self.next.wrapping_add(left));
             while self.next < stop {
                 prefetch_at(self.next);
-                #[cfg(test)]
-                self.walked.push(self.next as usize / 64);
                 self.next = self.next.wrapping_add(64);
                 left -= 64;
             }
@@ -123,6 +118,176 @@ impl<'a> Ahead<'a> {
             };
             (self.next, self.end) = line_walk(region);
             self.rest = rest;
+        }
+    }
+}
+
+/// Regions prefetched alongside a kernel's segments, line for line:
+/// while a kernel computes offset `o` of segment `s`, it prefetches offset
+/// `o` of region `s`. Decode pairs a head's K (or V) in each page of a
+/// span with the next head's in the same page, so the prefetches run
+/// through memory in address order one head ahead, at the pace of the
+/// loads they precede, for an instruction or two each (an [`Ahead`]
+/// walk's loop cost cache-resident decode about a tenth of its time;
+/// docs/BENCHMARKS.md). A segment without a region (the last span's
+/// values) is paired with itself, re-fetching lines it holds already, so
+/// kernels never branch on it.
+#[derive(Clone, Copy)]
+pub(super) struct Paired<'a> {
+    regions: &'a [&'a [u8]],
+}
+
+impl<'a> Paired<'a> {
+    pub(super) fn new(regions: &'a [&'a [u8]]) -> Self {
+        Self { regions }
+    }
+
+    /// The region paired with segment `s`, whose `len` bytes start at
+    /// `seg`: its first `len` bytes, or all of it where it is shorter.
+    fn region(self, s: usize, seg: *const u8, len: usize) -> PairedRegion {
+        match self.regions.get(s) {
+            Some(r) if !r.is_empty() => PairedRegion {
+                base: r.as_ptr(),
+                last: r.len().min(len).saturating_sub(1),
+            },
+            _ => PairedRegion {
+                base: seg,
+                last: len.saturating_sub(1),
+            },
+        }
+    }
+}
+
+/// One segment's paired region: offsets into it, clamped to its last byte
+/// so that the fetches stay within it whatever the segment's length.
+#[derive(Clone, Copy)]
+struct PairedRegion {
+    base: *const u8,
+    last: usize,
+}
+
+impl PairedRegion {
+    /// Prefetches the line holding offset `at` (or the last byte).
+    #[inline]
+    fn fetch(self, at: usize) {
+        prefetch_at(self.base.wrapping_add(at.min(self.last)));
+    }
+
+    /// Prefetches every line of offsets `from..to`, once each.
+    #[inline]
+    fn fetch_lines(self, from: usize, to: usize) {
+        if from >= to {
+            return;
+        }
+        self.fetch(from);
+        // The next line's first offset, then a line at a time.
+        let mut at = from + 64 - self.base.wrapping_add(from) as usize % 64;
+        while at < to {
+            self.fetch(at);
+            at += 64;
+        }
+    }
+}
+
+/// What a weighted sum's pass over a block of columns prefetches as it
+/// walks the keys: an [`Ahead`] walk, a step every sixteen keys, or
+/// [`Paired`] regions, a line for every key.
+trait PassPrefetch {
+    /// Pass `pass` of `passes` reaches segment `s`: `m` rows of `row`
+    /// bytes at `seg`.
+    fn segment(
+        &mut self,
+        s: usize,
+        seg: *const u8,
+        m: usize,
+        row: usize,
+        pass: usize,
+        passes: usize,
+    );
+    /// Before every sixteenth key of a segment, the first included.
+    fn sixteen(&mut self);
+    /// Before every key.
+    fn key(&mut self);
+    /// After the segment's last key.
+    fn segment_end(&mut self);
+}
+
+impl PassPrefetch for Ahead<'_> {
+    #[inline]
+    fn segment(&mut self, _: usize, _: *const u8, _: usize, _: usize, _: usize, _: usize) {}
+
+    #[inline]
+    fn sixteen(&mut self) {
+        self.step();
+    }
+
+    #[inline]
+    fn key(&mut self) {}
+
+    #[inline]
+    fn segment_end(&mut self) {}
+}
+
+/// [`Paired`] regions for a weighted sum: pass `p` of `P` over a segment
+/// of `m` rows of `row` bytes fetches offsets `p·m·t`, `(p·m + 1)·t`, … of
+/// its region, `t = ⌈row / P⌉ ≤ 64` bytes apart (a half line for 16-bit
+/// values, whose passes take 32 of a row's bytes), and the last pass ends
+/// with the last line (which the last offset can fall short of), so that
+/// all the passes together cover the region's first `m` rows in address
+/// order.
+struct PairedPasses<'a> {
+    pairs: Paired<'a>,
+    region: PairedRegion,
+    at: usize,
+    stride: usize,
+    last_pass: bool,
+}
+
+impl<'a> PairedPasses<'a> {
+    fn new(pairs: Paired<'a>) -> Self {
+        Self {
+            pairs,
+            region: PairedRegion {
+                base: std::ptr::null(),
+                last: 0,
+            },
+            at: 0,
+            stride: 0,
+            last_pass: false,
+        }
+    }
+}
+
+impl PassPrefetch for PairedPasses<'_> {
+    #[inline]
+    fn segment(
+        &mut self,
+        s: usize,
+        seg: *const u8,
+        m: usize,
+        row: usize,
+        pass: usize,
+        passes: usize,
+    ) {
+        self.region = self.pairs.region(s, seg, m * row);
+        self.stride = row.div_ceil(passes);
+        self.at = pass * m * self.stride;
+        self.last_pass = pass + 1 == passes;
+    }
+
+    #[inline]
+    fn sixteen(&mut self) {}
+
+    #[inline]
+    fn key(&mut self) {
+        self.region.fetch(self.at);
+        self.at += self.stride;
+    }
+
+    #[inline]
+    fn segment_end(&mut self) {
+        if self.last_pass {
+            self.region.fetch(self.region.last);
         }
     }
 }
@@ -265,8 +430,7 @@ fn four_row_scores_softmax(
 ) {
     let size = dtype.size_bytes();
     let (d, _) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
-    let steps = shapes::segment_steps(keys, d * size, four_row_key_groups);
-    let ahead = Ahead::over(ahead, steps);
+    let ahead = Paired::new(ahead);
     let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
     // SAFETY: the checks above bound every access made below (each segment
     // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
@@ -289,8 +453,7 @@ fn four_row_weighted_sum(
     ahead: &[&[u8]],
 ) {
     let (d, n) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
-    let row = d * dtype.size_bytes();
-    let mut ahead = Ahead::over(ahead, weighted_sum_steps(values, row, d));
+    let mut ahead = PairedPasses::new(Paired::new(ahead));
     let (p, acc) = (p.as_ptr(), acc.as_mut_ptr());
     // SAFETY: the shape checks above bound every access made below (`p`
     // holds `4·n` weights, the segments `n` whole rows of `d` elements of
@@ -306,9 +469,16 @@ fn four_row_weighted_sum(
 
 /// [`Ahead`] steps of a weighted sum over `values` (rows of `row` bytes,
 /// `d` elements): [`weighted_sum_columns`] steps at the start of each
-/// segment and every sixteen keys in it, once per pass of columns.
+/// segment and every sixteen keys in it, once per pass of columns
+/// ([`column_passes`]).
 fn weighted_sum_steps(values: &[&[u8]], row: usize, d: usize) -> usize {
-    shapes::segment_steps(values, row, |m| m.div_ceil(16)) * (d / 8 * 8).div_ceil(16)
+    shapes::segment_steps(values, row, |m| m.div_ceil(16)) * column_passes(d)
+}
+
+/// Passes of [`weighted_sum_columns`] over rows of `d` elements: sixteen
+/// columns each, then eight (the tail beyond is scalar).
+fn column_passes(d: usize) -> usize {
+    (d / 8 * 8).div_ceil(16)
 }
 
 /// Element encodings the score and value kernels read, as a const
@@ -603,14 +773,9 @@ unsafe fn four_row_sums<const E: u8, const K: usize>(
     }
 }
 
-/// Calls of [`four_row_sums`] over `n` keys: threes, and the rest (one,
-/// two or four keys) in pairs or, for a single key, alone.
-fn four_row_key_groups(n: usize) -> usize {
-    let threes = four_row_threes(n);
-    threes + (n - 3 * threes).div_ceil(2)
-}
-
-/// Threes up to where the rest splits into pairs (16 = 4·3 + 2·2).
+/// Calls of [`four_row_sums`] with three keys among `n`: threes up to
+/// where the rest splits into pairs (16 = 4·3 + 2·2), a last single key
+/// alone.
 fn four_row_threes(n: usize) -> usize {
     if n % 3 == 1 && n > 3 {
         n / 3 - 1
@@ -636,7 +801,7 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     d: usize,
     w: *mut f32,
     [max, sum, rescale]: [*mut f32; 3],
-    mut ahead: Ahead<'_>,
+    ahead: Paired<'_>,
 ) {
     // SAFETY: keys `j..j + K` stay under the segment's `m` by the loop
     // bounds, so every read is within the segment and every write under
@@ -644,11 +809,13 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     // requires.
     unsafe {
         let mut n = 0;
-        for (k, m) in shapes::segment_rows(keys, d * elem_bytes::<E>()) {
+        let row = d * elem_bytes::<E>();
+        for (s, (k, m)) in shapes::segment_rows(keys, row).enumerate() {
             let w = w.add(4 * n);
+            let pair = ahead.region(s, k, m * row);
             let mut j = 0;
             while j < 3 * four_row_threes(m) {
-                ahead.step();
+                pair.fetch_lines(j * row, (j + 3) * row);
                 let h = four_row_sums::<E, 3>(q, k, d, d, j);
                 for (x, v) in h.into_iter().enumerate() {
                     _mm_storeu_ps(w.add(4 * (j + x)), v);
@@ -656,7 +823,7 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
                 j += 3;
             }
             while j < m {
-                ahead.step();
+                pair.fetch_lines(j * row, (j + 2).min(m) * row);
                 if j + 1 < m {
                     let h = four_row_sums::<E, 2>(q, k, d, d, j);
                     _mm_storeu_ps(w.add(4 * j), h[0]);
@@ -765,7 +932,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
     n: usize,
     d: usize,
     acc: *mut f32,
-    ahead: &mut Ahead<'_>,
+    ahead: &mut impl PassPrefetch,
 ) {
     // SAFETY: every column block below ends at or before `d / 8 * 8`, and
     // the tail loop stays under `d`, so all offsets are under `G·n`
@@ -777,7 +944,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
         // stay in registers across all `n` keys), then a last eight.
         let mut c = 0;
         while c + 16 <= lanes {
-            weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c, ahead);
+            weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c, &mut *ahead);
             c += 16;
         }
         if c < lanes {
@@ -806,8 +973,8 @@ pub(super) const fn elem_bytes<const E: u8>() -> usize {
     if E == F32 { 4 } else { 2 }
 }
 
-/// [`weighted_sum_group`] over columns `c..c + 8·W`, one [`Ahead`] step
-/// at the start of each segment and every sixteen keys in it.
+/// [`weighted_sum_group`] over columns `c..c + 8·W`, telling `ahead`
+/// where it is ([`PassPrefetch`]).
 ///
 /// # Safety
 /// As [`weighted_sum_group`], with `c + 8·W <= d`.
@@ -825,7 +992,7 @@ unsafe fn weighted_sum_columns<
     d: usize,
     acc: *mut f32,
     c: usize,
-    ahead: &mut Ahead<'_>,
+    ahead: &mut impl PassPrefetch,
 ) {
     // SAFETY: columns `c..c + 8·W` are within every row of the segments
     // and of `acc`; `vp` stays within its segment's rows and `wp` at key
@@ -843,12 +1010,15 @@ unsafe fn weighted_sum_columns<
         // the loop over sixteen keys carries no index arithmetic.
         let key_step = if KEY_MAJOR { G } else { 1 };
         let mut wp = p;
-        for (vp, mut left) in shapes::segment_rows(v, row_bytes) {
+        let passes = column_passes(d);
+        for (s, (vp, mut left)) in shapes::segment_rows(v, row_bytes).enumerate() {
+            ahead.segment(s, vp, left, row_bytes, c / 16, passes);
             let mut vp = vp.add(c * elem_bytes::<E>());
             while left > 0 {
-                ahead.step();
+                ahead.sixteen();
                 let keys = left.min(16);
                 for _ in 0..keys {
+                    ahead.key();
                     let mut vals = [_mm256_setzero_ps(); W];
                     for (w, val) in vals.iter_mut().enumerate() {
                         *val = load8::<E>(vp, 8 * w);
@@ -864,6 +1034,7 @@ unsafe fn weighted_sum_columns<
                 }
                 left -= keys;
             }
+            ahead.segment_end();
         }
         for (i, row) in a.iter().enumerate() {
             for (w, sum) in row.iter().enumerate() {
@@ -1263,7 +1434,33 @@ unsafe fn axpy_avx2(acc: *mut f32, w: f32, x: *const f32, n: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::Ahead;
+    use std::cell::RefCell;
+
+    use kvslice_core::KvDtype;
+
+    use super::{Ahead, SoftmaxState};
+
+    thread_local! {
+        /// Every line prefetched on this thread, in order.
+        pub(super) static FETCHED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// The lines `f` prefetches.
+    fn fetched_by(f: impl FnOnce()) -> Vec<usize> {
+        FETCHED.with(|lines| lines.borrow_mut().clear());
+        f();
+        FETCHED.with(|lines| lines.take())
+    }
+
+    /// The lines `r` touches.
+    fn lines_of(r: &[u8]) -> Vec<usize> {
+        let (start, end) = (r.as_ptr() as usize, r.as_ptr() as usize + r.len());
+        if r.is_empty() {
+            vec![]
+        } else {
+            (start / 64..end.div_ceil(64)).collect()
+        }
+    }
 
     /// Every line of the regions is walked once, in order, within `steps`
     /// steps, in bursts of at most ⌈lines / steps⌉, whatever the regions'
@@ -1271,14 +1468,6 @@ mod tests {
     #[test]
     fn the_walk_covers_every_line_within_its_steps() {
         let buf = vec![0u8; 64 * 300];
-        let lines_of = |r: &[u8]| -> Vec<usize> {
-            let (start, end) = (r.as_ptr() as usize, r.as_ptr() as usize + r.len());
-            if r.is_empty() {
-                vec![]
-            } else {
-                (start / 64..end.div_ceil(64)).collect()
-            }
-        };
         for offset in [0, 1, 40, 63, 64] {
             for len in [0, 1, 63, 64, 65, 1000, 4096, 4097, 64 * 90] {
                 let one = &buf[offset..offset + len];
@@ -1297,20 +1486,92 @@ mod tests {
                             "offset {offset}, {len} bytes, {} regions, {steps} steps",
                             regions.len()
                         );
+                        let mut walked = Vec::new();
                         for _ in 0..steps {
-                            let before = walk.walked.len();
-                            walk.step();
-                            let burst = walk.walked.len() - before;
-                            assert!(burst <= want.len().div_ceil(steps), "{case}");
+                            let burst = fetched_by(|| walk.step());
+                            assert!(burst.len() <= want.len().div_ceil(steps), "{case}");
+                            walked.extend(burst);
                         }
-                        assert_eq!(walk.walked, want, "{case}");
-                        walk.step();
+                        assert_eq!(walked, want, "{case}");
                         assert_eq!(
-                            walk.walked.len(),
-                            want.len(),
+                            fetched_by(|| walk.step()),
+                            [],
                             "{case}: nothing after the last line"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The four-row kernels prefetch every line of each segment's paired
+    /// region, in address order within it, and nothing else; a segment
+    /// without a region re-fetches its own lines, and a region shorter
+    /// than its segment is not overrun.
+    #[test]
+    fn four_row_kernels_fetch_their_paired_regions_line_for_line() {
+        let Some(fk) = super::kernels().and_then(|k| k.stored?.four_rows) else {
+            eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+            return;
+        };
+        for (dtype, d) in [
+            (KvDtype::F16, 128),
+            (KvDtype::F32, 128),
+            (KvDtype::Bf16, 72),
+        ] {
+            let row = d * dtype.size_bytes();
+            // Line-aligned pages of 16 keys, as a page pool holds them.
+            let page_bytes = 16 * row;
+            let vals: Vec<f32> = (0..6 * 16 * d).map(|i| (i % 7) as f32 * 0.1).collect();
+            let mut buf = vec![0u8; 6 * page_bytes + 64];
+            let at = buf.as_ptr().align_offset(64);
+            dtype
+                .encode_row(&vals, &mut buf[at..at + 6 * page_bytes])
+                .unwrap();
+            let pool = &buf[at..at + 6 * page_bytes];
+            let page = |i: usize| &pool[i * page_bytes..(i + 1) * page_bytes];
+            let segs = [page(0), &page(1)[..5 * row], page(2)];
+            let regions = [page(3), page(4), &page(5)[..2 * row]];
+            // Regions that start inside a line.
+            let skewed = [&page(3)[40..], &page(4)[1..], &page(5)[63..]];
+            let q = vec![0.01f32; 4 * d];
+            for (pairs, case) in [
+                (&regions[..], "three regions"),
+                (&regions[..2], "two"),
+                (&skewed[..], "skewed"),
+            ] {
+                // What each segment covers of its region: as many bytes
+                // as it holds, or the whole region where that is shorter.
+                let want: Vec<Vec<usize>> = (segs.iter().enumerate())
+                    .map(|(s, seg)| {
+                        let r = pairs.get(s).copied().unwrap_or(seg);
+                        lines_of(&r[..seg.len().min(r.len())])
+                    })
+                    .collect();
+                let n = segs.iter().map(|s| s.len() / row).sum::<usize>();
+                let mut w = vec![0f32; 4 * n];
+                let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [0.0; 4]);
+                let state = SoftmaxState {
+                    max: &mut max,
+                    sum: &mut sum,
+                    rescale: &mut rescale,
+                };
+                let scored =
+                    fetched_by(|| (fk.scores_softmax)(dtype, &q, &segs, &mut w, state, pairs));
+                let mut acc = vec![0f32; 4 * d];
+                let summed = fetched_by(|| (fk.weighted_sum)(dtype, &w, &segs, &mut acc, pairs));
+                for (kernel, got) in [("scores", scored), ("weighted sum", summed)] {
+                    let case = format!("{dtype:?}, {case}: {kernel}");
+                    // The weighted sum walks each segment once per pass
+                    // of columns, so the regions are checked apart.
+                    for lines in &want {
+                        let mut mine: Vec<usize> =
+                            got.iter().copied().filter(|l| lines.contains(l)).collect();
+                        mine.dedup();
+                        assert_eq!(&mine, lines, "{case}");
+                    }
+                    let stray = got.iter().find(|l| !want.iter().any(|w| w.contains(l)));
+                    assert_eq!(stray, None, "{case}: a line outside every region");
                 }
             }
         }

@@ -168,8 +168,9 @@ pub struct FourRowKernels {
     /// the segments of `keys` (each whole rows of `d` elements stored as
     /// `dtype`), folded into the rows' online softmax like
     /// [`Kernels::softmax_rows`]: `weights[j·4 + i]` becomes
-    /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches the regions
-    /// of `ahead` like [`Kernels::scores`].
+    /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches region `s`
+    /// of `ahead` alongside segment `s` of `keys`, line for line (AVX2;
+    /// AVX-512 walks the regions like [`Kernels::scores`]).
     ///
     /// # Panics
     /// If `d` is not a multiple of 8, a segment ends inside a row, or
@@ -177,8 +178,8 @@ pub struct FourRowKernels {
     pub scores_softmax: FourRowScoresSoftmaxFn,
     /// `acc[i] += Σ_j weights[j·4 + i] · v[j]` for four accumulators of
     /// width `d` (`acc`, `4 × d`), `v[j]` the `n` rows of the segments of
-    /// `values` in order, stored as `dtype`. Prefetches the regions of
-    /// `ahead` like [`Kernels::weighted_sum`].
+    /// `values` in order, stored as `dtype`. Prefetches `ahead` as
+    /// `scores_softmax` does, region `s` alongside segment `s`.
     ///
     /// # Panics
     /// If a segment ends inside a row, or `weights` is too short.
