@@ -128,17 +128,17 @@ impl<'a> Ahead<'a> {
 /// span with the next head's in the same page, so the prefetches run
 /// through memory in address order one head ahead, at the pace of the
 /// loads they precede, for an instruction or two each (an [`Ahead`]
-/// walk's loop cost cache-resident decode about a tenth of its time;
+/// walk's loop cost cache-resident decode 11–17% of its time on a Zen 3;
 /// docs/BENCHMARKS.md). A segment without a region (the last span's
 /// values) is paired with itself, re-fetching lines it holds already, so
 /// kernels never branch on it.
 #[derive(Clone, Copy)]
-pub(super) struct Paired<'a> {
+struct Paired<'a> {
     regions: &'a [&'a [u8]],
 }
 
 impl<'a> Paired<'a> {
-    pub(super) fn new(regions: &'a [&'a [u8]]) -> Self {
+    fn new(regions: &'a [&'a [u8]]) -> Self {
         Self { regions }
     }
 
