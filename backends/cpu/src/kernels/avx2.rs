@@ -193,17 +193,8 @@ impl PairedRegion {
 /// walks the keys: an [`Ahead`] walk, a step every sixteen keys, or
 /// [`Paired`] regions, a line for every key.
 trait PassPrefetch {
-    /// Pass `pass` of `passes` reaches segment `s`: `m` rows of `row`
-    /// bytes at `seg`.
-    fn segment(
-        &mut self,
-        s: usize,
-        seg: *const u8,
-        m: usize,
-        row: usize,
-        pass: usize,
-        passes: usize,
-    );
+    /// A pass reaches a segment.
+    fn segment(&mut self, at: PassAt);
     /// Before every sixteenth key of a segment, the first included.
     fn sixteen(&mut self);
     /// Before every key.
@@ -212,9 +203,21 @@ trait PassPrefetch {
     fn segment_end(&mut self);
 }
 
+/// Where a weighted sum's pass over columns stands: pass `pass` of
+/// `passes` reaches segment `s`, `m` rows of `row` bytes at `seg`.
+#[derive(Clone, Copy)]
+struct PassAt {
+    s: usize,
+    seg: *const u8,
+    m: usize,
+    row: usize,
+    pass: usize,
+    passes: usize,
+}
+
 impl PassPrefetch for Ahead<'_> {
     #[inline]
-    fn segment(&mut self, _: usize, _: *const u8, _: usize, _: usize, _: usize, _: usize) {}
+    fn segment(&mut self, _: PassAt) {}
 
     #[inline]
     fn sixteen(&mut self) {
@@ -260,15 +263,15 @@ impl<'a> PairedPasses<'a> {
 
 impl PassPrefetch for PairedPasses<'_> {
     #[inline]
-    fn segment(
-        &mut self,
-        s: usize,
-        seg: *const u8,
-        m: usize,
-        row: usize,
-        pass: usize,
-        passes: usize,
-    ) {
+    fn segment(&mut self, at: PassAt) {
+        let PassAt {
+            s,
+            seg,
+            m,
+            row,
+            pass,
+            passes,
+        } = at;
         self.region = self.pairs.region(s, seg, m * row);
         self.stride = row.div_ceil(passes);
         self.at = pass * m * self.stride;
@@ -1012,7 +1015,14 @@ unsafe fn weighted_sum_columns<
         let mut wp = p;
         let passes = column_passes(d);
         for (s, (vp, mut left)) in shapes::segment_rows(v, row_bytes).enumerate() {
-            ahead.segment(s, vp, left, row_bytes, c / 16, passes);
+            ahead.segment(PassAt {
+                s,
+                seg: vp,
+                m: left,
+                row: row_bytes,
+                pass: c / 16,
+                passes,
+            });
             let mut vp = vp.add(c * elem_bytes::<E>());
             while left > 0 {
                 ahead.sixteen();
