@@ -32,10 +32,10 @@ use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 /// region of the stream is prefetched: by the four-row kernels line for
 /// line alongside the lines they load (each page's next head), by the
 /// others spread over their loops, so that the line-fill buffers never
-/// all wait at once. Long queries (prefill) are cut
-/// into tiles of about 256 query rows, each a task over the keys it sees,
-/// so that a tile's rows and accumulators stay in cache while K and V pass
-/// (flash attention's loop order). Long contexts are cut into chunks of
+/// all wait at once. Long queries (prefill) are cut into tiles of about
+/// 256 query rows, each a task over the keys it sees, so that a tile's
+/// rows and accumulators stay in cache while K and V pass (flash
+/// attention's loop order). Long contexts are cut into chunks of
 /// pages that threads compute independently; the partial `(max, sum,
 /// output)` triples are merged by log-sum-exp, as in vLLM's paged attention
 /// v2 and flash-decoding.
