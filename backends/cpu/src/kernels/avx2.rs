@@ -3,6 +3,7 @@
 //! byte view, prefetch schedule and four-row sum also serve `avx512.rs`.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use kvslice_core::KvDtype;
 
@@ -57,8 +58,7 @@ fn prefetch_at(at: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
 }
 
-/// The cache lines of `ahead` (one region, or several walked in order),
-/// prefetched in bursts of equal size spread over a kernel's loop:
+/// The cache lines of `ahead`, prefetched in bursts of equal size spread over a kernel's loop:
 /// ⌈lines / `steps`⌉ per call to [`Ahead::step`], so all of them within
 /// `steps` calls, and the next page arrives while this one is computed
 /// without filling every line-fill buffer at once. A step costs a few
@@ -67,57 +67,31 @@ fn prefetch_at(at: *const u8) {
 pub(super) struct Ahead<'a> {
     next: *const u8,
     end: *const u8,
-    /// Regions after the one being walked.
-    rest: &'a [&'a [u8]],
     /// Bytes per burst, whole lines.
     burst: usize,
+    region: PhantomData<&'a [u8]>,
 }
 
 impl<'a> Ahead<'a> {
     pub(super) fn new(ahead: &'a [u8], steps: usize) -> Self {
-        Self::start(ahead, &[], lines(ahead), steps)
-    }
-
-    /// The lines of every region of `ahead`, in order.
-    pub(super) fn over(ahead: &'a [&'a [u8]], steps: usize) -> Self {
-        let total = ahead.iter().map(|r| lines(r)).sum();
-        match ahead.split_first() {
-            Some((first, rest)) => Self::start(first, rest, total, steps),
-            None => Self::start(&[], &[], 0, steps),
-        }
-    }
-
-    fn start(first: &'a [u8], rest: &'a [&'a [u8]], lines: usize, steps: usize) -> Self {
-        let (next, end) = line_walk(first);
+        let (next, end) = line_walk(ahead);
         Self {
             next,
             end,
-            rest,
             // Spread over every step, the last included: bursts rounded
             // to a power of two of steps (a shift instead of this
             // division) finished early, and the miss buffers then idled
             // until the next region's kernel (docs/BENCHMARKS.md).
-            burst: lines.div_ceil(steps.max(1)) << 6,
+            burst: lines(ahead).div_ceil(steps.max(1)) << 6,
+            region: PhantomData,
         }
     }
 
     pub(super) fn step(&mut self) {
-        let mut left = self.burst;
-        loop {
-            let stop = self.end.min(self.next.wrapping_add(left));
-            while self.next < stop {
-                prefetch_at(self.next);
-                self.next = self.next.wrapping_add(64);
-                left -= 64;
-            }
-            if left == 0 {
-                return;
-            }
-            let Some((region, rest)) = self.rest.split_first() else {
-                return;
-            };
-            (self.next, self.end) = line_walk(region);
-            self.rest = rest;
+        let stop = self.end.min(self.next.wrapping_add(self.burst));
+        while self.next < stop {
+            prefetch_at(self.next);
+            self.next = self.next.wrapping_add(64);
         }
     }
 }
@@ -133,18 +107,18 @@ impl<'a> Ahead<'a> {
 /// values) is paired with itself, re-fetching lines it holds already, so
 /// kernels never branch on it.
 #[derive(Clone, Copy)]
-struct Paired<'a> {
+pub(super) struct Paired<'a> {
     regions: &'a [&'a [u8]],
 }
 
 impl<'a> Paired<'a> {
-    fn new(regions: &'a [&'a [u8]]) -> Self {
+    pub(super) fn new(regions: &'a [&'a [u8]]) -> Self {
         Self { regions }
     }
 
     /// The region paired with segment `s`, whose `len` bytes start at
     /// `seg`: its first `len` bytes, or all of it where it is shorter.
-    fn region(self, s: usize, seg: *const u8, len: usize) -> PairedRegion {
+    pub(super) fn region(self, s: usize, seg: *const u8, len: usize) -> PairedRegion {
         match self.regions.get(s) {
             Some(r) if !r.is_empty() => PairedRegion {
                 base: r.as_ptr(),
@@ -161,7 +135,7 @@ impl<'a> Paired<'a> {
 /// One segment's paired region: offsets into it, clamped to its last byte
 /// so that the fetches stay within it whatever the segment's length.
 #[derive(Clone, Copy)]
-struct PairedRegion {
+pub(super) struct PairedRegion {
     base: *const u8,
     last: usize,
 }
@@ -175,7 +149,7 @@ impl PairedRegion {
 
     /// Prefetches every line of offsets `from..to`, once each.
     #[inline]
-    fn fetch_lines(self, from: usize, to: usize) {
+    pub(super) fn fetch_lines(self, from: usize, to: usize) {
         if from >= to {
             return;
         }
@@ -192,7 +166,7 @@ impl PairedRegion {
 /// What a weighted sum's pass over a block of columns prefetches as it
 /// walks the keys: an [`Ahead`] walk, a step every sixteen keys, or
 /// [`Paired`] regions, a line for every key.
-trait PassPrefetch {
+pub(super) trait PassPrefetch {
     /// A pass reaches a segment.
     fn segment(&mut self, at: PassAt);
     /// Before every sixteenth key of a segment, the first included.
@@ -206,13 +180,13 @@ trait PassPrefetch {
 /// Where a weighted sum's pass over columns stands: pass `pass` of
 /// `passes` reaches segment `s`, `m` rows of `row` bytes at `seg`.
 #[derive(Clone, Copy)]
-struct PassAt {
-    s: usize,
-    seg: *const u8,
-    m: usize,
-    row: usize,
-    pass: usize,
-    passes: usize,
+pub(super) struct PassAt {
+    pub(super) s: usize,
+    pub(super) seg: *const u8,
+    pub(super) m: usize,
+    pub(super) row: usize,
+    pub(super) pass: usize,
+    pub(super) passes: usize,
 }
 
 impl PassPrefetch for Ahead<'_> {
@@ -232,13 +206,14 @@ impl PassPrefetch for Ahead<'_> {
 }
 
 /// [`Paired`] regions for a weighted sum: pass `p` of `P` over a segment
-/// of `m` rows of `row` bytes fetches offsets `p·m·t`, `(p·m + 1)·t`, … of
-/// its region, `t = ⌈row / P⌉ ≤ 64` bytes apart (a half line for 16-bit
-/// values, whose passes take 32 of a row's bytes), and the last pass ends
-/// with the last line (which the last offset can fall short of), so that
-/// all the passes together cover the region's first `m` rows in address
-/// order.
-struct PairedPasses<'a> {
+/// of `m` rows of `row` bytes fetches, key by key, the lines of offsets
+/// `p·m·t + k·t .. p·m·t + (k + 1)·t` of its region, `t = ⌈row / P⌉` (a
+/// half line for AVX2's 16-bit values, whose passes take 32 of a row's
+/// bytes, so one fetch per key; two lines for AVX-512's, whose 64-column
+/// passes take 128), and the last pass ends with the last line (which the
+/// last offset can fall short of), so that all the passes together cover
+/// the region's first `m` rows in address order.
+pub(super) struct PairedPasses<'a> {
     pairs: Paired<'a>,
     region: PairedRegion,
     at: usize,
@@ -247,7 +222,7 @@ struct PairedPasses<'a> {
 }
 
 impl<'a> PairedPasses<'a> {
-    fn new(pairs: Paired<'a>) -> Self {
+    pub(super) fn new(pairs: Paired<'a>) -> Self {
         Self {
             pairs,
             region: PairedRegion {
@@ -283,7 +258,11 @@ impl PassPrefetch for PairedPasses<'_> {
 
     #[inline]
     fn key(&mut self) {
-        self.region.fetch(self.at);
+        if self.stride <= 64 {
+            self.region.fetch(self.at);
+        } else {
+            self.region.fetch_lines(self.at, self.at + self.stride);
+        }
         self.at += self.stride;
     }
 
@@ -1472,58 +1451,56 @@ mod tests {
         }
     }
 
-    /// Every line of the regions is walked once, in order, within `steps`
-    /// steps, in bursts of at most ⌈lines / steps⌉, whatever the regions'
-    /// alignment and however many there are.
+    /// Every line of the region is walked once, in order, within `steps`
+    /// steps, in bursts of at most ⌈lines / steps⌉, whatever the region's
+    /// alignment.
     #[test]
     fn the_walk_covers_every_line_within_its_steps() {
         let buf = vec![0u8; 64 * 300];
         for offset in [0, 1, 40, 63, 64] {
             for len in [0, 1, 63, 64, 65, 1000, 4096, 4097, 64 * 90] {
-                let one = &buf[offset..offset + len];
-                // The same region, then two more: one that starts inside
-                // a line the first one ends in, and an empty one.
-                let more = [one, &buf[offset + len + 7..offset + len + 7 + len / 2], &[]];
-                for regions in [&more[..1], &more[..]] {
-                    let want: Vec<usize> = regions.iter().flat_map(|r| lines_of(r)).collect();
-                    for steps in 1..=17 {
-                        let mut walk = if regions.len() == 1 {
-                            Ahead::new(regions[0], steps)
-                        } else {
-                            Ahead::over(regions, steps)
-                        };
-                        let case = format!(
-                            "offset {offset}, {len} bytes, {} regions, {steps} steps",
-                            regions.len()
-                        );
-                        let mut walked = Vec::new();
-                        for _ in 0..steps {
-                            let burst = fetched_by(|| walk.step());
-                            assert!(burst.len() <= want.len().div_ceil(steps), "{case}");
-                            walked.extend(burst);
-                        }
-                        assert_eq!(walked, want, "{case}");
-                        assert_eq!(
-                            fetched_by(|| walk.step()),
-                            [],
-                            "{case}: nothing after the last line"
-                        );
+                let region = &buf[offset..offset + len];
+                let want = lines_of(region);
+                for steps in 1..=17 {
+                    let mut walk = Ahead::new(region, steps);
+                    let case = format!("offset {offset}, {len} bytes, {steps} steps");
+                    let mut walked = Vec::new();
+                    for _ in 0..steps {
+                        let burst = fetched_by(|| walk.step());
+                        assert!(burst.len() <= want.len().div_ceil(steps), "{case}");
+                        walked.extend(burst);
                     }
+                    assert_eq!(walked, want, "{case}");
+                    assert_eq!(
+                        fetched_by(|| walk.step()),
+                        [],
+                        "{case}: nothing after the last line"
+                    );
                 }
             }
         }
     }
 
-    /// The four-row kernels prefetch every line of each segment's paired
-    /// region, in address order within it, and nothing else; a segment
-    /// without a region re-fetches its own lines, and a region shorter
-    /// than its segment is not overrun.
+    /// The four-row kernels (AVX2's, and AVX-512's where the CPU has it)
+    /// prefetch every line of each segment's paired region, in address
+    /// order within it, and nothing else; a segment without a region
+    /// re-fetches its own lines, and a region shorter than its segment is
+    /// not overrun.
     #[test]
     fn four_row_kernels_fetch_their_paired_regions_line_for_line() {
-        let Some(fk) = super::kernels().and_then(|k| k.stored?.four_rows) else {
+        let sets: Vec<_> = (super::kernels().into_iter())
+            .chain(super::super::avx512::kernels())
+            .collect();
+        if sets.is_empty() {
             eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
-            return;
-        };
+        }
+        for set in sets {
+            let fk = set.stored.and_then(|s| s.four_rows).expect(set.name);
+            fetches_paired_regions(set.name, fk);
+        }
+    }
+
+    fn fetches_paired_regions(set: &str, fk: super::FourRowKernels) {
         for (dtype, d) in [
             (KvDtype::F16, 128),
             (KvDtype::F32, 128),
@@ -1571,7 +1548,7 @@ mod tests {
                 let mut acc = vec![0f32; 4 * d];
                 let summed = fetched_by(|| (fk.weighted_sum)(dtype, &w, &segs, &mut acc, pairs));
                 for (kernel, got) in [("scores", scored), ("weighted sum", summed)] {
-                    let case = format!("{dtype:?}, {case}: {kernel}");
+                    let case = format!("{set}, {dtype:?}, {case}: {kernel}");
                     // The weighted sum walks each segment once per pass
                     // of columns, so the regions are checked apart.
                     for lines in &want {

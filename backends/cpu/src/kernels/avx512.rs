@@ -11,13 +11,17 @@
 //! emulation (`.ci/avx512-emulated.sh`), which runs this crate's tests with
 //! `KVSLICE_REQUIRE_KERNELS` naming this set. The one AVX-512 CPU they
 //! have been timed on, an AMD Zen 4, ran them slower than the AVX2 set
-//! ([`splits_512_bit_ops`]), so there they come second.
+//! before both paired their prefetches with the segments, and level with
+//! it since ([`splits_512_bit_ops`]), so there they come second.
 
 use std::arch::x86_64::*;
 
 use kvslice_core::KvDtype;
 
-use super::avx2::{self, Ahead, elem_bytes, f32_bytes, hsum4, weight_at};
+use super::avx2::{
+    self, Ahead, Paired, PairedPasses, PassAt, PassPrefetch, elem_bytes, f32_bytes, hsum4,
+    weight_at,
+};
 use super::exp_consts::*;
 use super::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, shapes};
 
@@ -303,7 +307,7 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
     n: usize,
     d: usize,
     acc: *mut f32,
-    ahead: &mut Ahead<'_>,
+    ahead: &mut impl PassPrefetch,
 ) {
     let mut c = 0;
     while c < d {
@@ -311,10 +315,10 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
         // sixteen-column vectors left, at most four), the contract's.
         unsafe {
             match (d - c).div_ceil(16) {
-                1 => weighted_sum_columns::<G, E, 1, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
-                2 => weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
-                3 => weighted_sum_columns::<G, E, 3, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
-                _ => weighted_sum_columns::<G, E, 4, KEY_MAJOR>(p, v, n, d, acc, c, ahead),
+                1 => weighted_sum_columns::<G, E, 1, KEY_MAJOR>(p, v, n, d, acc, c, &mut *ahead),
+                2 => weighted_sum_columns::<G, E, 2, KEY_MAJOR>(p, v, n, d, acc, c, &mut *ahead),
+                3 => weighted_sum_columns::<G, E, 3, KEY_MAJOR>(p, v, n, d, acc, c, &mut *ahead),
+                _ => weighted_sum_columns::<G, E, 4, KEY_MAJOR>(p, v, n, d, acc, c, &mut *ahead),
             }
         }
         c += 64;
@@ -331,9 +335,7 @@ fn four_row_scores_softmax(
 ) {
     let size = dtype.size_bytes();
     let (d, _) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
-    // One step per group of four keys.
-    let steps = shapes::segment_steps(keys, d * size, |m| m.div_ceil(4));
-    let ahead = Ahead::over(ahead, steps);
+    let ahead = Paired::new(ahead);
     let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
     // SAFETY: the checks above bound every access made below (each segment
     // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
@@ -421,7 +423,7 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
     d: usize,
     w: *mut f32,
     [max, sum, rescale]: [*mut f32; 3],
-    mut ahead: Ahead<'_>,
+    ahead: Paired<'_>,
 ) {
     // SAFETY: keys `j..j + K` stay under the segment's `m` by the loop
     // bounds, so every read is within the segment and every write under
@@ -429,12 +431,14 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
     // `4·n`; the state is four lanes; as the contract requires.
     unsafe {
         let mut n = 0;
-        for (k, m) in shapes::segment_rows(keys, d * elem_bytes::<E>()) {
+        let row = d * elem_bytes::<E>();
+        for (s, (k, m)) in shapes::segment_rows(keys, row).enumerate() {
             let w = w.add(4 * n);
+            let pair = ahead.region(s, k, m * row);
             let mut j = 0;
             while j < m {
-                ahead.step();
                 let group = (m - j).min(4);
+                pair.fetch_lines(j * row, (j + group) * row);
                 let h: &[__m128] = match group {
                     1 => &row_sums::<4, E, 1>(q, k, d, j),
                     2 => &row_sums::<4, E, 2>(q, k, d, j),
@@ -503,9 +507,7 @@ fn four_row_weighted_sum(
     ahead: &[&[u8]],
 ) {
     let (d, n) = shapes::four_row_weighted_sum(p.len(), values, dtype.size_bytes(), acc.len());
-    // A step every sixteen keys of a segment, in each 64-column pass.
-    let per_pass = shapes::segment_steps(values, d * dtype.size_bytes(), |m| m.div_ceil(16));
-    let mut ahead = Ahead::over(ahead, per_pass * d.div_ceil(64));
+    let mut ahead = PairedPasses::new(Paired::new(ahead));
     let (p, acc) = (p.as_ptr(), acc.as_mut_ptr());
     // SAFETY: the shape checks above bound every access made below (`p`
     // holds `4·n` weights, the segments `n` whole rows of `d` elements of
@@ -552,7 +554,7 @@ unsafe fn weighted_sum_columns<
     d: usize,
     acc: *mut f32,
     c: usize,
-    ahead: &mut Ahead<'_>,
+    ahead: &mut impl PassPrefetch,
 ) {
     // SAFETY: the masks keep every lane access under column `d` of a row
     // of the segments or of `acc`; `vp` stays within its segment's rows
@@ -572,11 +574,21 @@ unsafe fn weighted_sum_columns<
         let row_bytes = d * elem_bytes::<E>();
         let key_step = if KEY_MAJOR { G } else { 1 };
         let mut wp = p;
-        for (mut vp, mut left) in shapes::segment_rows(v, row_bytes) {
+        let passes = d.div_ceil(64);
+        for (s, (mut vp, mut left)) in shapes::segment_rows(v, row_bytes).enumerate() {
+            ahead.segment(PassAt {
+                s,
+                seg: vp,
+                m: left,
+                row: row_bytes,
+                pass: c / 64,
+                passes,
+            });
             while left > 0 {
-                ahead.step();
+                ahead.sixteen();
                 let keys = left.min(16);
                 for _ in 0..keys {
+                    ahead.key();
                     // A loop, not `array::from_fn` (see `row_sums`).
                     let mut vals = [_mm512_setzero_ps(); W];
                     for (x, val) in vals.iter_mut().enumerate() {
@@ -593,6 +605,7 @@ unsafe fn weighted_sum_columns<
                 }
                 left -= keys;
             }
+            ahead.segment_end();
         }
         for (i, row) in a.iter().enumerate() {
             for (x, sum) in row.iter().enumerate() {

@@ -169,8 +169,7 @@ pub struct FourRowKernels {
     /// `dtype`), folded into the rows' online softmax like
     /// [`Kernels::softmax_rows`]: `weights[j·4 + i]` becomes
     /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches region `s`
-    /// of `ahead` alongside segment `s` of `keys`, line for line (AVX2;
-    /// AVX-512 walks the regions like [`Kernels::scores`]).
+    /// of `ahead` alongside segment `s` of `keys`, line for line.
     ///
     /// # Panics
     /// If `d` is not a multiple of 8, a segment ends inside a row, or
