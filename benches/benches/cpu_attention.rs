@@ -220,7 +220,9 @@ fn decode(c: &mut Criterion) {
                     }),
                 ));
             }
-            interleaved(ctx, span, threads, &mut steps);
+            let group = Q_HEADS / KV_HEADS;
+            let fpb = decode_flops_per_byte(group, layout().dtype().size_bytes());
+            interleaved(ctx, span, threads, fpb, &mut steps);
             // The same K/V bytes read by one query head per kv head: a
             // quarter of the arithmetic, so the ratio shows how close the
             // access pattern itself comes to the read loop, and how much of
@@ -234,6 +236,7 @@ fn decode(c: &mut Criterion) {
                 ctx,
                 span,
                 threads,
+                decode_flops_per_byte(1, layout().dtype().size_bytes()),
                 &mut [(
                     "decode, 1 query head per kv head".into(),
                     Box::new(|| {
@@ -325,10 +328,26 @@ fn interleaved_wanted() -> bool {
 /// and their ratio, and each later step against the first (when the
 /// first is decode and a later one the same work on cache-resident
 /// pages, that says how much of decode's time memory still adds).
-fn interleaved(ctx: usize, span: &[u8], threads: usize, steps: &mut [Step<'_>]) {
+///
+/// Each round also times a short FMA trial, for the rate no f32 kernel
+/// can pass: `flops_per_byte` (of K/V read) at the best trial's GFLOP/s.
+/// Where 80% of the read loop is most of that ceiling, the target is out
+/// of reach on this host at this time whatever the memory access does.
+fn interleaved(
+    ctx: usize,
+    span: &[u8],
+    threads: usize,
+    flops_per_byte: f64,
+    steps: &mut [Step<'_>],
+) {
     let mut times = vec![Vec::new(); steps.len()];
     let mut read = Vec::new();
+    let mut peak = None::<f64>;
     for _ in 0..INTERLEAVED_ROUNDS {
+        // About 3 ms: short enough to sit in every round.
+        if let Some(p) = fma_peak::trial(threads, 2_000_000) {
+            peak = Some(peak.map_or(p, |q| q.max(p)));
+        }
         for ((_, step), t) in steps.iter_mut().zip(&mut times) {
             let start = std::time::Instant::now();
             step();
@@ -359,6 +378,23 @@ fn interleaved(ctx: usize, span: &[u8], threads: usize, steps: &mut [Step<'_>]) 
             100.0 * rates[0] / d
         );
     }
+    if let Some(p) = peak {
+        let ceiling = p * 1e9 / flops_per_byte / (1u64 << 30) as f64;
+        eprintln!(
+            "interleaved ctx {ctx}: FMA ceiling for {}: {ceiling:.2} GiB/s ({flops_per_byte} \
+             flops per K/V byte at {p:.1} GFLOP/s, the best of the rounds' trials); 80% of \
+             the read loop is {:.0}% of it",
+            steps[0].0,
+            80.0 * r / ceiling
+        );
+    }
+}
+
+/// Flops per byte of K/V that decode spends at `group` query heads per kv
+/// head with `elem_bytes`-byte elements: an FMA (2 flops) per element, row
+/// and kernel (scores, weighted sum).
+fn decode_flops_per_byte(group: u32, elem_bytes: usize) -> f64 {
+    2.0 * group as f64 / elem_bytes as f64
 }
 
 #[cfg(feature = "candle")]
@@ -536,21 +572,25 @@ mod fma_peak {
     /// read 25% low on a shared VM; the caller also measures at two
     /// times).
     pub fn gflops(threads: usize) -> Option<f64> {
+        (0..5)
+            .filter_map(|_| trial(threads, 20_000_000))
+            .reduce(f64::max)
+    }
+
+    /// GFLOP/s of one trial of `iters` rounds of ten FMAs per thread, or
+    /// `None` without AVX2+FMA.
+    pub fn trial(threads: usize, iters: u64) -> Option<f64> {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            let iters = 20_000_000u64;
-            let trial = || {
-                let t = std::time::Instant::now();
-                std::thread::scope(|s| {
-                    for _ in 0..threads {
-                        // SAFETY: AVX2 and FMA were detected just above.
-                        s.spawn(move || std::hint::black_box(unsafe { chains(iters) }));
-                    }
-                });
-                let flops = (threads as u64 * iters * 10 * 8 * 2) as f64;
-                flops / t.elapsed().as_secs_f64() / 1e9
-            };
-            return (0..5).map(|_| trial()).reduce(f64::max);
+            let t = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    // SAFETY: AVX2 and FMA were detected just above.
+                    s.spawn(move || std::hint::black_box(unsafe { chains(iters) }));
+                }
+            });
+            let flops = (threads as u64 * iters * 10 * 8 * 2) as f64;
+            return Some(flops / t.elapsed().as_secs_f64() / 1e9);
         }
         None
     }
