@@ -64,7 +64,10 @@ pub(super) fn kernels() -> Option<Kernels> {
 /// against 12.0 ns per key, AVX2's decode 1–32% faster in the interleaved
 /// rounds, prefill 117 and 147 against 150 and 156 GFLOP/s in two runs
 /// (docs/BENCHMARKS.md, "Zen 4"), as its horizontal sums of 512-bit
-/// accumulators cost more than the wider operations save.
+/// accumulators cost more than the wider operations save. Since this
+/// set pairs its prefetches as AVX2's does (2026-12-03), decode runs
+/// about level with AVX2's there and prefill no faster (121 against 135
+/// GFLOP/s in one run, level in two others).
 /// [`super::Kernels::supported`] puts AVX2 first there.
 pub(super) fn splits_512_bit_ops() -> bool {
     // Once per process: `cpuid` traps to the hypervisor in a VM, and
