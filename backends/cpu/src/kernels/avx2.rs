@@ -165,7 +165,7 @@ impl PairedRegion {
 
 /// What a weighted sum's pass over a block of columns prefetches as it
 /// walks the keys: an [`Ahead`] walk, a step every sixteen keys, or
-/// [`Paired`] regions, a line for every key.
+/// [`Paired`] regions, their lines key by key ([`PairedPasses`]).
 pub(super) trait PassPrefetch {
     /// A pass reaches a segment.
     fn segment(&mut self, at: PassAt);

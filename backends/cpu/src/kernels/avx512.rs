@@ -533,10 +533,12 @@ fn four_row_weighted_sum(
 
 /// `acc[i] += Σ_j w(i, j) · v[j]` for `G` rows over the `W`
 /// sixteen-column vectors from column `c`, each masked to `d`, the weights
-/// row-major or, with `KEY_MAJOR`, key-major ([`weight_at`]); one
-/// [`Ahead`] step at the start of each segment and every sixteen keys in
-/// it. Both weighted sums run it (through [`weighted_sum_group`]), so
-/// they add the same products in the same order.
+/// row-major or, with `KEY_MAJOR`, key-major ([`weight_at`]), telling
+/// `ahead` where it is ([`PassPrefetch`]: the general sum's [`Ahead`]
+/// steps every sixteen keys, the four-row sum's [`PairedPasses`] fetch
+/// their lines key by key). Both weighted sums run it (through
+/// [`weighted_sum_group`]), so they add the same products in the same
+/// order.
 ///
 /// # Safety
 /// `p` is valid for `G·n` reads, the segments of `v` hold `n` whole rows of
