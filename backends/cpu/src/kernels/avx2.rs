@@ -58,17 +58,18 @@ fn prefetch_at(at: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
 }
 
-/// The cache lines of `ahead`, prefetched in bursts of equal size spread over a kernel's loop:
-/// ⌈lines / `steps`⌉ per call to [`Ahead::step`], so all of them within
-/// `steps` calls, and the next page arrives while this one is computed
-/// without filling every line-fill buffer at once. A step costs a few
-/// compares when nothing is left: kernels call it every iteration, so it
-/// walks addresses instead of slice iterators.
+/// The cache lines of `ahead`, prefetched in bursts of equal size spread
+/// over a kernel's loop: ⌈lines / `steps`⌉ per call to [`Ahead::step`], so
+/// all of them within `steps` calls, and the next page arrives while this
+/// one is computed without filling every line-fill buffer at once. A step
+/// costs a few compares when nothing is left: kernels call it every
+/// iteration, so it walks addresses instead of slice iterators.
 pub(super) struct Ahead<'a> {
     next: *const u8,
     end: *const u8,
     /// Bytes per burst, whole lines.
     burst: usize,
+    /// The walked region stays borrowed while the walk lives.
     region: PhantomData<&'a [u8]>,
 }
 
