@@ -592,6 +592,8 @@ mod fma_peak {
             let flops = (threads as u64 * iters * 10 * 8 * 2) as f64;
             return Some(flops / t.elapsed().as_secs_f64() / 1e9);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (threads, iters);
         None
     }
 }

@@ -86,17 +86,6 @@ pub(super) fn segment_rows<'s>(
         .map(move |seg| (seg.as_ptr(), key_count(seg.len(), row)))
 }
 
-/// The sum of `per_segment(rows)` over the segments of `segs` (rows of
-/// `row` bytes): how many [`super::avx2::Ahead`] steps a kernel takes.
-#[cfg(target_arch = "x86_64")]
-pub(super) fn segment_steps(
-    segs: &[&[u8]],
-    row: usize,
-    per_segment: impl Fn(usize) -> usize,
-) -> usize {
-    segment_rows(segs, row).map(|(_, m)| per_segment(m)).sum()
-}
-
 /// Rows of `row` bytes in `len` bytes, rounded down (a shift for the
 /// power-of-two rows of common shapes, as kernels count per segment on
 /// every call).
