@@ -679,7 +679,9 @@ fn prefill(c: &mut Criterion) {
 
 /// The four-row decode kernels alone, per SIMD set, on one thread: 64 f16
 /// keys of 128 elements (one span, 16 KiB of K and of V, L1-resident)
-/// against four query rows. Per key each takes 64 eight-lane FMAs, so the
+/// against four query rows, handed over as decode does: four 16-key pages,
+/// each paired with a page of another buffer (the next head's, in decode)
+/// whose lines the kernels prefetch. Per key each takes 64 eight-lane FMAs, so the
 /// FMA floor (printed from the one-thread peak) is the same for both and
 /// for every set; a set far above it, or above another set, shows here
 /// before it hides in decode's memory time (a closure that could not be
@@ -690,8 +692,18 @@ fn four_row_kernels(c: &mut Criterion) {
     let mut rng = Rng::new(11);
     let mut k = vec![0u8; KEYS * d * 2];
     let mut v = vec![0u8; KEYS * d * 2];
+    let mut next = vec![0u8; KEYS * d * 2];
     KvDtype::F16.encode_row(&rng.vec(KEYS * d), &mut k).unwrap();
     KvDtype::F16.encode_row(&rng.vec(KEYS * d), &mut v).unwrap();
+    KvDtype::F16
+        .encode_row(&rng.vec(KEYS * d), &mut next)
+        .unwrap();
+    let page = BLOCK as usize * d * 2;
+    let (k, v, next): (Vec<_>, Vec<_>, Vec<_>) = (
+        k.chunks(page).collect(),
+        v.chunks(page).collect(),
+        next.chunks(page).collect(),
+    );
     let q: Vec<f32> = rng.vec(4 * d).iter().map(|x| x * 0.1).collect();
     if let Some(peak) = fma_peak::gflops(1) {
         // 64 FMAs of 8 lanes, 2 flops each, per key and kernel.
@@ -720,14 +732,14 @@ fn four_row_kernels(c: &mut Criterion) {
                     sum: &mut sum,
                     rescale: &mut rescale,
                 };
-                (fk.scores_softmax)(KvDtype::F16, &q, &[&k], &mut w, state, &[]);
+                (fk.scores_softmax)(KvDtype::F16, &q, &k, &mut w, state, &next);
                 black_box(&w);
             })
         });
         let mut acc = vec![0f32; 4 * d];
         g.bench_function(BenchmarkId::new("weighted_sum", set.name), |b| {
             b.iter(|| {
-                (fk.weighted_sum)(KvDtype::F16, &w, &[&v], &mut acc, &[]);
+                (fk.weighted_sum)(KvDtype::F16, &w, &v, &mut acc, &next);
                 black_box(&acc);
             })
         });
