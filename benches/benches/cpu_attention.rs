@@ -20,10 +20,7 @@ use kvslice_benches::decode_workload::{
     BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, decode_seqs, fill, kv_bytes, layout,
 };
 use kvslice_core::testkit::Rng;
-use kvslice_core::{
-    AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, PageBuf, PageGeometry, PageId,
-    PageMemory, PageMemoryMut, SeqAttention,
-};
+use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, PageBuf, PageId, SeqAttention};
 use kvslice_cpu::{CpuEngine, Kernels, SoftmaxState};
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
@@ -209,6 +206,35 @@ fn decode(c: &mut Criterion) {
                     Box::new(|| ideal_kernel::run::<false>(span, threads)),
                 ));
             }
+            // Decode's own engine (its tasks, order, segments and paired
+            // prefetches) with four-row kernels that do only the ideal
+            // kernel's arithmetic: what the engine allows kernels of that
+            // cost, and, against decode, what decode's kernels cost beyond
+            // it (streaming and cache-resident).
+            #[cfg(target_arch = "x86_64")]
+            if ideal_kernel::supported() {
+                let ideal =
+                    CpuEngine::new().with_kernels(ideal_kernel::in_engine(*engine.kernels()));
+                let (pages, batch, hot_batch) = (&pages, &batch, &hot_batch);
+                let mut out = vec![0f32; q.len()];
+                steps.push((
+                    "decode's engine, ideal kernels".into(),
+                    Box::new(move || {
+                        ideal.attend(pages, batch, &mut out).unwrap();
+                        black_box(&out);
+                    }),
+                ));
+                let ideal =
+                    CpuEngine::new().with_kernels(ideal_kernel::in_engine(*engine.kernels()));
+                let mut out = vec![0f32; q.len()];
+                steps.push((
+                    "decode's engine, ideal kernels, cache-resident pages".into(),
+                    Box::new(move || {
+                        ideal.attend(pages, hot_batch, &mut out).unwrap();
+                        black_box(&out);
+                    }),
+                ));
+            }
             // The other SIMD sets' decode, in the same rounds.
             for (name, other) in &others {
                 let (pages, batch, mut out) = (&pages, &batch, vec![0f32; q.len()]);
@@ -223,28 +249,6 @@ fn decode(c: &mut Criterion) {
             let group = Q_HEADS / KV_HEADS;
             let fpb = decode_flops_per_byte(group, layout().dtype().size_bytes());
             interleaved(ctx, span, threads, fpb, &mut steps);
-            // The same K/V bytes read by one query head per kv head: a
-            // quarter of the arithmetic, so the ratio shows how close the
-            // access pattern itself comes to the read loop, and how much of
-            // the gap above is compute. (A second copy of the pages: 1 GiB
-            // more at 32k, dropped after these rounds.)
-            let light = one_query_head_per_kv_head(&pages);
-            let light_q = &q[..BATCH * (KV_HEADS * HEAD_DIM) as usize];
-            let mut light_out = vec![0f32; light_q.len()];
-            let batch = AttentionBatch::new(0, 0, &seqs, light_q, scale);
-            interleaved(
-                ctx,
-                span,
-                threads,
-                decode_flops_per_byte(1, layout().dtype().size_bytes()),
-                &mut [(
-                    "decode, 1 query head per kv head".into(),
-                    Box::new(|| {
-                        engine.attend(&light, &batch, &mut light_out).unwrap();
-                        black_box(&light_out);
-                    }),
-                )],
-            );
         }
     }
     g.finish();
@@ -276,27 +280,6 @@ fn decode_small(c: &mut Criterion) {
         }
     }
     g.finish();
-}
-
-/// A copy of the decode pages under a layout with as many query heads as
-/// kv heads (GQA ratio 1): the K/V bytes, page size and block tables are
-/// unchanged, as pages hold only kv heads.
-fn one_query_head_per_kv_head(pages: &PageBuf) -> PageBuf {
-    let l = layout();
-    let spec = LayoutSpec::new(1, KV_HEADS, KV_HEADS, HEAD_DIM, BLOCK, l.dtype());
-    let light = KvLayout::new(spec).expect("a valid layout");
-    assert_eq!(
-        light.page_bytes(),
-        l.page_bytes(),
-        "pages hold kv heads only"
-    );
-    let mut copy = PageBuf::new(light, pages.num_pages()).expect("pages");
-    for id in (0..pages.num_pages()).map(PageId) {
-        copy.page_mut(id)
-            .expect("page")
-            .copy_from_slice(pages.page(id).expect("page"));
-    }
-    copy
 }
 
 /// One step of [`interleaved`]: its name and its work.
@@ -466,6 +449,8 @@ mod candle_peer {
 #[cfg(target_arch = "x86_64")]
 mod ideal_kernel {
     use kvslice_benches::decode_workload::{BLOCK, HEAD_DIM};
+    use kvslice_core::KvDtype;
+    use kvslice_cpu::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 
     /// One kv head's K (or V) in one page: 16 tokens × 128 f16.
     const REGION: usize = BLOCK as usize * HEAD_DIM as usize * 2;
@@ -519,6 +504,106 @@ mod ideal_kernel {
             .iter()
             .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
         _mm256_cvtss_f32(s)
+    }
+
+    /// Lines of `segments` in order, each converted and given the same
+    /// arithmetic as in [`consume`], while the same line of the segment's
+    /// paired region in `ahead` is prefetched (T1; the segment itself where
+    /// it has none), as decode's four-row kernels pair theirs.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn paired_lines(segments: &[&[u8]], ahead: &[&[u8]]) -> f32 {
+        use std::arch::x86_64::*;
+        let q = [0.5, 0.25, 0.125, 0.0625].map(|x| _mm256_set1_ps(x));
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (s, segment) in segments.iter().enumerate() {
+            let pair = match ahead.get(s) {
+                Some(r) if !r.is_empty() => *r,
+                _ => *segment,
+            };
+            for (o, line) in segment.chunks_exact(64).enumerate() {
+                let at = (64 * o).min(pair.len() - 1);
+                _mm_prefetch::<_MM_HINT_T1>(pair[at..].as_ptr().cast());
+                let mut x = [_mm256_setzero_ps(); 4];
+                for (v, x) in x.iter_mut().enumerate() {
+                    // SAFETY: `line` holds 64 bytes, four 16-byte loads'
+                    // worth; SSE2 is part of x86-64.
+                    let h = unsafe { _mm_loadu_si128(line.as_ptr().add(16 * v).cast()) };
+                    *x = _mm256_cvtph_ps(h);
+                }
+                for (v, x) in x.into_iter().enumerate() {
+                    for (i, q) in q.into_iter().enumerate() {
+                        let a = &mut acc[(4 * v + i) % 8];
+                        *a = _mm256_fmadd_ps(q, x, *a);
+                    }
+                }
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
+        _mm256_cvtss_f32(s)
+    }
+
+    /// Keys of 128 f16 elements in `segments`.
+    fn keys(segments: &[&[u8]]) -> usize {
+        segments.iter().map(|s| s.len()).sum::<usize>() / (2 * HEAD_DIM as usize)
+    }
+
+    /// [`FourRowKernels::scores_softmax`] with only [`paired_lines`]'
+    /// arithmetic: every weight the same small value and a state that
+    /// stays finite, so that the engine's merges run as in decode.
+    fn scores_softmax(
+        _: KvDtype,
+        _: &[f32],
+        keys: &[&[u8]],
+        weights: &mut [f32],
+        state: SoftmaxState<'_>,
+        ahead: &[&[u8]],
+    ) {
+        // SAFETY: only reachable through `in_engine`'s table, built after
+        // `supported` detected AVX2, FMA and F16C.
+        let s = unsafe { paired_lines(keys, ahead) };
+        let n = self::keys(keys);
+        weights[..4 * n].fill(1e-3 + s * 1e-30);
+        state.max.fill(0.0);
+        state.rescale.fill(1.0);
+        for sum in state.sum.iter_mut() {
+            *sum += n as f32 * 1e-3;
+        }
+    }
+
+    /// [`FourRowKernels::weighted_sum`] with only [`paired_lines`]'
+    /// arithmetic, its result folded into one accumulator.
+    fn weighted_sum(
+        _: KvDtype,
+        weights: &[f32],
+        values: &[&[u8]],
+        acc: &mut [f32],
+        ahead: &[&[u8]],
+    ) {
+        // SAFETY: as in `scores_softmax`.
+        let s = unsafe { paired_lines(values, ahead) };
+        acc[0] += s * weights[0] * 1e-30;
+    }
+
+    /// `set` with its four-row decode kernels replaced by ones that do
+    /// only the ideal kernel's arithmetic over the same segments, with the
+    /// same paired prefetches: decode's engine around an ideal kernel.
+    ///
+    /// # Panics
+    /// Where [`supported`] is false, or `set` has no four-row kernels.
+    pub fn in_engine(mut set: Kernels) -> Kernels {
+        assert!(supported(), "the ideal kernel needs AVX2, FMA and F16C");
+        let stored = set.stored.expect("a set with stored kernels");
+        assert!(stored.four_rows.is_some(), "a set with four-row kernels");
+        set.stored = Some(StoredKernels {
+            four_rows: Some(FourRowKernels {
+                scores_softmax,
+                weighted_sum,
+            }),
+            ..stored
+        });
+        set
     }
 
     /// Whether this CPU runs [`run`] (AVX2, FMA and F16C).
