@@ -213,27 +213,24 @@ fn decode(c: &mut Criterion) {
             // it (streaming and cache-resident).
             #[cfg(target_arch = "x86_64")]
             if ideal_kernel::supported() {
-                let ideal =
-                    CpuEngine::new().with_kernels(ideal_kernel::in_engine(*engine.kernels()));
-                let (pages, batch, hot_batch) = (&pages, &batch, &hot_batch);
-                let mut out = vec![0f32; q.len()];
-                steps.push((
-                    "decode's engine, ideal kernels".into(),
-                    Box::new(move || {
-                        ideal.attend(pages, batch, &mut out).unwrap();
-                        black_box(&out);
-                    }),
-                ));
-                let ideal =
-                    CpuEngine::new().with_kernels(ideal_kernel::in_engine(*engine.kernels()));
-                let mut out = vec![0f32; q.len()];
-                steps.push((
-                    "decode's engine, ideal kernels, cache-resident pages".into(),
-                    Box::new(move || {
-                        ideal.attend(pages, hot_batch, &mut out).unwrap();
-                        black_box(&out);
-                    }),
-                ));
+                for (what, batch) in [
+                    ("decode's engine, ideal kernels", &batch),
+                    (
+                        "decode's engine, ideal kernels, cache-resident pages",
+                        &hot_batch,
+                    ),
+                ] {
+                    let ideal =
+                        CpuEngine::new().with_kernels(ideal_kernel::in_engine(*engine.kernels()));
+                    let (pages, mut out) = (&pages, vec![0f32; q.len()]);
+                    steps.push((
+                        what.into(),
+                        Box::new(move || {
+                            ideal.attend(pages, batch, &mut out).unwrap();
+                            black_box(&out);
+                        }),
+                    ));
+                }
             }
             // The other SIMD sets' decode, in the same rounds.
             for (name, other) in &others {
@@ -448,6 +445,8 @@ mod candle_peer {
 /// gap a faster kernel could close and how much is the way bytes arrive.
 #[cfg(target_arch = "x86_64")]
 mod ideal_kernel {
+    use std::arch::x86_64::*;
+
     use kvslice_benches::decode_workload::{BLOCK, HEAD_DIM};
     use kvslice_core::KvDtype;
     use kvslice_cpu::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
@@ -461,16 +460,61 @@ mod ideal_kernel {
     /// Prefetch bursts per region, spread over its lines.
     const BURSTS: usize = 16;
 
+    /// The arithmetic no f16 decode kernel avoids, a 64-byte line at a
+    /// time: its 32 elements converted (4 `vcvtph2ps`) and given the 16
+    /// FMAs of four query rows, into eight accumulators.
+    struct LineFmas {
+        acc: [__m256; 8],
+    }
+
+    impl LineFmas {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn new() -> Self {
+            Self {
+                acc: [_mm256_setzero_ps(); 8],
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn line(&mut self, line: &[u8; 64]) {
+            // Loops, not closures: a closure would not inherit this
+            // function's target features (avx2.rs's kernels).
+            let q = [
+                _mm256_set1_ps(0.5),
+                _mm256_set1_ps(0.25),
+                _mm256_set1_ps(0.125),
+                _mm256_set1_ps(0.0625),
+            ];
+            let mut x = [_mm256_setzero_ps(); 4];
+            for (v, x) in x.iter_mut().enumerate() {
+                // SAFETY: `line` holds 64 bytes, four 16-byte loads' worth;
+                // SSE2 is part of x86-64.
+                let h = unsafe { _mm_loadu_si128(line.as_ptr().add(16 * v).cast()) };
+                *x = _mm256_cvtph_ps(h);
+            }
+            for (v, x) in x.into_iter().enumerate() {
+                for (i, q) in q.into_iter().enumerate() {
+                    let a = &mut self.acc[(4 * v + i) % 8];
+                    *a = _mm256_fmadd_ps(q, x, *a);
+                }
+            }
+        }
+
+        /// The accumulators' sum, so that the work cannot be dropped.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn total(&self) -> f32 {
+            let s = self
+                .acc
+                .iter()
+                .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
+            _mm256_cvtss_f32(s)
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     fn consume<const PREFETCH: bool>(part: &[u8]) -> f32 {
-        use std::arch::x86_64::*;
-        let q = [
-            _mm256_set1_ps(0.5),
-            _mm256_set1_ps(0.25),
-            _mm256_set1_ps(0.125),
-            _mm256_set1_ps(0.0625),
-        ];
-        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut fmas = LineFmas::new();
         let regions: Vec<&[u8]> = part.chunks(REGION).collect();
         for (r, region) in regions.iter().enumerate() {
             let ahead = regions.get(r + AHEAD).copied().unwrap_or(&[]);
@@ -481,29 +525,12 @@ mod ideal_kernel {
                         _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
                     }
                 }
-                for line in piece.chunks_exact(64) {
-                    // Loops, not closures: a closure would not inherit
-                    // this function's target features (avx2.rs's kernels).
-                    let mut x = [_mm256_setzero_ps(); 4];
-                    for (v, x) in x.iter_mut().enumerate() {
-                        // SAFETY: `line` holds 64 bytes, four 16-byte
-                        // loads' worth; SSE2 is part of x86-64.
-                        let h = unsafe { _mm_loadu_si128(line.as_ptr().add(16 * v).cast()) };
-                        *x = _mm256_cvtph_ps(h);
-                    }
-                    for (v, x) in x.into_iter().enumerate() {
-                        for (i, q) in q.into_iter().enumerate() {
-                            let a = &mut acc[(4 * v + i) % 8];
-                            *a = _mm256_fmadd_ps(q, x, *a);
-                        }
-                    }
+                for line in piece.as_chunks::<64>().0 {
+                    fmas.line(line);
                 }
             }
         }
-        let s = acc
-            .iter()
-            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
-        _mm256_cvtss_f32(s)
+        fmas.total()
     }
 
     /// Lines of `segments` in order, each converted and given the same
@@ -512,36 +539,19 @@ mod ideal_kernel {
     /// it has none), as decode's four-row kernels pair theirs.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn paired_lines(segments: &[&[u8]], ahead: &[&[u8]]) -> f32 {
-        use std::arch::x86_64::*;
-        let q = [0.5, 0.25, 0.125, 0.0625].map(|x| _mm256_set1_ps(x));
-        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut fmas = LineFmas::new();
         for (s, segment) in segments.iter().enumerate() {
             let pair = match ahead.get(s) {
                 Some(r) if !r.is_empty() => *r,
                 _ => *segment,
             };
-            for (o, line) in segment.chunks_exact(64).enumerate() {
+            for (o, line) in segment.as_chunks::<64>().0.iter().enumerate() {
                 let at = (64 * o).min(pair.len() - 1);
                 _mm_prefetch::<_MM_HINT_T1>(pair[at..].as_ptr().cast());
-                let mut x = [_mm256_setzero_ps(); 4];
-                for (v, x) in x.iter_mut().enumerate() {
-                    // SAFETY: `line` holds 64 bytes, four 16-byte loads'
-                    // worth; SSE2 is part of x86-64.
-                    let h = unsafe { _mm_loadu_si128(line.as_ptr().add(16 * v).cast()) };
-                    *x = _mm256_cvtph_ps(h);
-                }
-                for (v, x) in x.into_iter().enumerate() {
-                    for (i, q) in q.into_iter().enumerate() {
-                        let a = &mut acc[(4 * v + i) % 8];
-                        *a = _mm256_fmadd_ps(q, x, *a);
-                    }
-                }
+                fmas.line(line);
             }
         }
-        let s = acc
-            .iter()
-            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
-        _mm256_cvtss_f32(s)
+        fmas.total()
     }
 
     /// Keys of 128 f16 elements in `segments`.
