@@ -443,6 +443,9 @@ mod candle_peer {
 /// come from pages 64 KiB apart).
 /// Against the read loop in the same rounds, it says how much of decode's
 /// gap a faster kernel could close and how much is the way bytes arrive.
+/// [`in_engine`](ideal_kernel::in_engine) puts the same arithmetic inside
+/// decode's engine, as its four-row kernels, so that decode's order and
+/// prefetches are measured with it.
 #[cfg(target_arch = "x86_64")]
 mod ideal_kernel {
     use std::arch::x86_64::*;
@@ -598,7 +601,9 @@ mod ideal_kernel {
 
     /// `set` with its four-row decode kernels replaced by ones that do
     /// only the ideal kernel's arithmetic over the same segments, with the
-    /// same paired prefetches: decode's engine around an ideal kernel.
+    /// same paired prefetches: decode's engine around an ideal kernel. For
+    /// the bench's pages only (f16, head_dim 128): the weights and state
+    /// they leave are finite but not attention's.
     ///
     /// # Panics
     /// Where [`supported`] is false, or `set` has no four-row kernels.
@@ -776,11 +781,12 @@ fn prefill(c: &mut Criterion) {
 /// keys of 128 elements (one span, 16 KiB of K and of V, L1-resident)
 /// against four query rows, handed over as decode does: four 16-key pages,
 /// each paired with a page of another buffer (the next head's, in decode)
-/// whose lines the kernels prefetch. Per key each takes 64 eight-lane FMAs, so the
-/// FMA floor (printed from the one-thread peak) is the same for both and
-/// for every set; a set far above it, or above another set, shows here
-/// before it hides in decode's memory time (a closure that could not be
-/// inlined once made AVX-512's scores 6.5x slower than AVX2's).
+/// whose lines the kernels prefetch. Per key each takes 64 eight-lane
+/// FMAs, so the FMA floor (printed from the one-thread peak) is the same
+/// for both and for every set; a set far above it, or above another set,
+/// shows here before it hides in decode's memory time (a closure that
+/// could not be inlined once made AVX-512's scores 6.5x slower than
+/// AVX2's).
 fn four_row_kernels(c: &mut Criterion) {
     const KEYS: usize = 64;
     let d = HEAD_DIM as usize;
