@@ -24,4 +24,4 @@ mod kernels;
 pub mod work_sharing;
 
 pub use engine::CpuEngine;
-pub use kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
+pub use kernels::{FourRowKernels, Kernels, SPLIT_512_NAME, SoftmaxState, StoredKernels};

@@ -12,7 +12,8 @@
 //! `KVSLICE_REQUIRE_KERNELS` naming this set. The one AVX-512 CPU they
 //! have been timed on, an AMD Zen 4, ran them slower than the AVX2 set
 //! before both paired their prefetches with the segments, and level with
-//! it since ([`splits_512_bit_ops`]), so there they come second.
+//! it since, except this set's four-row weighted sum, so there the set
+//! run first is AVX2's with that sum ([`splits_512_bit_ops`]).
 
 use std::arch::x86_64::*;
 
@@ -67,8 +68,9 @@ pub(super) fn kernels() -> Option<Kernels> {
 /// accumulators cost more than the wider operations save. Since this
 /// set pairs its prefetches as AVX2's does (2026-12-03), decode runs
 /// about level with AVX2's there and prefill no faster (121 against 135
-/// GFLOP/s in one run, level in two others).
-/// [`super::Kernels::supported`] puts AVX2 first there.
+/// GFLOP/s in one run, level in two others). Its four-row weighted sum
+/// alone is faster there than AVX2's, so [`super::Kernels::supported`]
+/// puts AVX2's set with that sum first ([`super::SPLIT_512_NAME`]).
 pub(super) fn splits_512_bit_ops() -> bool {
     // Once per process: `cpuid` traps to the hypervisor in a VM, and
     // every `CpuEngine::new` (once per fuzz input, say) asks.

@@ -52,6 +52,25 @@ pub type FourRowScoresSoftmaxFn =
 /// [`FourRowKernels::weighted_sum`]: `(dtype, p, values, acc, ahead)`.
 pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[&[u8]], &mut [f32], &[&[u8]]);
 
+/// Name of the set AMD Zen 4 runs first ([`Kernels::supported`]): AVX2's
+/// kernels with AVX-512's four-row weighted sum. There AVX-512's scores
+/// run no faster than AVX2's (each 512-bit operation takes two passes
+/// through 256-bit units, and its 512-bit horizontal sums cost more),
+/// but its weighted sum (two 64-column passes over each key's values,
+/// where AVX2's sixteen registers allow eight passes of 16 columns) made
+/// streamed decode 0–14% faster at 8k and 32k tokens, median 9%, over 18
+/// pairs in the same rounds (docs/BENCHMARKS.md, "a fifth session"), with
+/// the same results to the bit.
+///
+/// ```
+/// use kvslice_cpu::{Kernels, SPLIT_512_NAME};
+///
+/// // Detected only on a Zen 4 with AVX-512, and then first.
+/// let names: Vec<_> = Kernels::supported().iter().map(|k| k.name).collect();
+/// assert!(names.iter().position(|n| *n == SPLIT_512_NAME).is_none_or(|i| i == 0));
+/// ```
+pub const SPLIT_512_NAME: &str = "avx2+avx512-weighted-sum";
+
 /// Function table for one instruction set.
 #[derive(Clone, Copy)]
 pub struct Kernels {
@@ -227,8 +246,10 @@ impl Kernels {
 
     /// Every kernel set this CPU runs, fastest first, the portable one
     /// last (so that tests can hold each against the same oracle). On
-    /// x86-64, AVX-512 comes before AVX2 except on AMD Zen 4, where it
-    /// measured slower (each 512-bit operation runs as two halves there).
+    /// x86-64, AVX-512 comes before AVX2, except on AMD Zen 4 (where each
+    /// 512-bit operation runs as two halves): there AVX2's set with
+    /// AVX-512's four-row weighted sum comes first, then AVX2's and
+    /// AVX-512's own ([`SPLIT_512_NAME`]).
     ///
     /// ```
     /// let all = kvslice_cpu::Kernels::supported();
@@ -239,16 +260,33 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             let (wide, narrow) = (avx512::kernels(), avx2::kernels());
-            if wide.is_some() && avx512::splits_512_bit_ops() {
-                all.extend(narrow.into_iter().chain(wide));
-            } else {
-                all.extend(wide.into_iter().chain(narrow));
+            match (wide, narrow) {
+                (Some(wide), Some(narrow)) if avx512::splits_512_bit_ops() => {
+                    all.extend([narrow.with_four_row_weighted_sum(&wide), narrow, wide]);
+                }
+                _ => all.extend(wide.into_iter().chain(narrow)),
             }
         }
         #[cfg(target_arch = "aarch64")]
         all.extend(neon::kernels());
         all.push(scalar::kernels());
         all
+    }
+
+    /// This set with `other`'s four-row weighted sum, named
+    /// [`SPLIT_512_NAME`] (its one use: AVX2's set with AVX-512's sum on
+    /// Zen 4). The two kernels share [`FourRowKernels`]' contract, weights
+    /// key-major, so either set's scores feed either's sum.
+    #[cfg(target_arch = "x86_64")]
+    fn with_four_row_weighted_sum(mut self, other: &Self) -> Self {
+        let theirs = other.stored.and_then(|s| s.four_rows);
+        if let (Some(stored), Some(theirs)) = (&mut self.stored, theirs)
+            && let Some(ours) = &mut stored.four_rows
+        {
+            ours.weighted_sum = theirs.weighted_sum;
+            self.name = SPLIT_512_NAME;
+        }
+        self
     }
 
     /// The portable fallback, for comparison and tests.
@@ -288,13 +326,15 @@ mod tests {
         };
         let want = field("vendor_id") == "AuthenticAMD" && field("cpu family") == "25";
         assert_eq!(avx512::splits_512_bit_ops(), want);
-        let first = Kernels::detect().name;
+        let names: Vec<_> = Kernels::supported().iter().map(|k| k.name).collect();
         if want && avx512::kernels().is_some() {
             assert_eq!(
-                first,
-                avx2::kernels().unwrap().name,
-                "Zen 4 takes AVX2 first"
+                names[..3],
+                [SPLIT_512_NAME, avx2::kernels().unwrap().name, avx512::NAME],
+                "Zen 4 takes AVX2's set with AVX-512's weighted sum first"
             );
+        } else {
+            assert!(!names.contains(&SPLIT_512_NAME), "{names:?}");
         }
     }
 
