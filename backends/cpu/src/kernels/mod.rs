@@ -262,7 +262,8 @@ impl Kernels {
             let (wide, narrow) = (avx512::kernels(), avx2::kernels());
             match (wide, narrow) {
                 (Some(wide), Some(narrow)) if avx512::splits_512_bit_ops() => {
-                    all.extend([narrow.with_four_row_weighted_sum(&wide), narrow, wide]);
+                    all.extend(narrow.with_four_row_weighted_sum(&wide));
+                    all.extend([narrow, wide]);
                 }
                 _ => all.extend(wide.into_iter().chain(narrow)),
             }
@@ -275,18 +276,15 @@ impl Kernels {
 
     /// This set with `other`'s four-row weighted sum, named
     /// [`SPLIT_512_NAME`] (its one use: AVX2's set with AVX-512's sum on
-    /// Zen 4). The two kernels share [`FourRowKernels`]' contract, weights
-    /// key-major, so either set's scores feed either's sum.
+    /// Zen 4), or `None` where either set lacks four-row kernels. The two
+    /// kernels share [`FourRowKernels`]' contract, weights key-major, so
+    /// either set's scores feed either's sum.
     #[cfg(target_arch = "x86_64")]
-    fn with_four_row_weighted_sum(mut self, other: &Self) -> Self {
-        let theirs = other.stored.and_then(|s| s.four_rows);
-        if let (Some(stored), Some(theirs)) = (&mut self.stored, theirs)
-            && let Some(ours) = &mut stored.four_rows
-        {
-            ours.weighted_sum = theirs.weighted_sum;
-            self.name = SPLIT_512_NAME;
-        }
-        self
+    fn with_four_row_weighted_sum(mut self, other: &Self) -> Option<Self> {
+        let theirs = other.stored?.four_rows?;
+        self.stored.as_mut()?.four_rows.as_mut()?.weighted_sum = theirs.weighted_sum;
+        self.name = SPLIT_512_NAME;
+        Some(self)
     }
 
     /// The portable fallback, for comparison and tests.
