@@ -302,7 +302,8 @@ fn interleaved_wanted() -> bool {
 }
 
 /// Each step against the read loop, all alternating, one step or pass
-/// each per round, so that all see the same machine: on a shared VM whose
+/// each per round (the steps' order rotating from round to round), so
+/// that all see the same machine: on a shared VM whose
 /// bandwidth drifts by ±20% over a minute, separate runs a minute apart
 /// make the ratio meaningless. Prints each step's median, the read loop's
 /// and their ratio, and each later step against the first (when the
@@ -323,15 +324,19 @@ fn interleaved(
     let mut times = vec![Vec::new(); steps.len()];
     let mut read = Vec::new();
     let mut peak = None::<f64>;
-    for _ in 0..INTERLEAVED_ROUNDS {
+    for round in 0..INTERLEAVED_ROUNDS {
         // About 3 ms: short enough to sit in every round.
         if let Some(p) = fma_peak::trial(threads, 2_000_000) {
             peak = Some(peak.map_or(p, |q| q.max(p)));
         }
-        for ((_, step), t) in steps.iter_mut().zip(&mut times) {
+        // Each round starts one step later, so that no step always runs
+        // right after the trial: at 1k, decode in that place ran at
+        // 0.70–0.87× the same work elsewhere in the round.
+        let n = steps.len();
+        for i in (0..n).map(|i| (i + round) % n) {
             let start = std::time::Instant::now();
-            step();
-            t.push(start.elapsed().as_secs_f64());
+            (steps[i].1)();
+            times[i].push(start.elapsed().as_secs_f64());
             let start = std::time::Instant::now();
             black_box(stream_read(span, threads));
             read.push(start.elapsed().as_secs_f64());
