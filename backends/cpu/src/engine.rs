@@ -442,19 +442,26 @@ impl CpuEngine {
     /// Tokens per split-K chunk of a task over `heads` kv heads, where
     /// the call's sequences hold `total_tokens` tokens × kv heads in
     /// pages of `bt` tokens: [`Self::with_chunk_pages`]' pages where set,
-    /// else enough chunks to keep every thread busy, but whole pages, at
-    /// least 256 tokens × heads per task, so per-chunk overhead stays
-    /// small, and at least one span of keys, so that the kernels see
-    /// whole spans. One sequence's 256 tokens as eight two-page chunks
-    /// (all kv heads each) made two threads no faster than one (86–102 µs
-    /// against 87–103 on a Zen 4 VM); as four whole-span chunks they took
-    /// 53–69 µs.
+    /// else [`CHUNKS_PER_THREAD`] chunks per thread (one in all on one
+    /// thread), but whole pages, at least 256 tokens × heads per task, so
+    /// per-chunk overhead stays small, and at least one span of keys, so
+    /// that the kernels see whole spans. One sequence's 256 tokens as
+    /// eight two-page chunks (all kv heads each) made two threads no
+    /// faster than one (86–102 µs against 87–103 on a Zen 4 VM); as four
+    /// whole-span chunks they took 53–69 µs.
     fn chunk_tokens(&self, total_tokens: usize, heads: u32, bt: usize) -> usize {
         if self.chunk_pages > 0 {
             return self.chunk_pages * bt;
         }
-        let per_thread = total_tokens.div_ceil(self.threads * 4).max(256);
-        (per_thread / heads as usize)
+        // One thread needs no split: each chunk costs a merge, and its
+        // first span goes unprefetched.
+        let chunks = if self.threads == 1 {
+            1
+        } else {
+            self.threads * CHUNKS_PER_THREAD
+        };
+        let per_chunk = total_tokens.div_ceil(chunks).max(256);
+        (per_chunk / heads as usize)
             .max(self.span_keys)
             .max(1)
             .div_ceil(bt)
@@ -805,6 +812,13 @@ impl CpuEngine {
     }
 }
 
+/// Split-K chunks per thread where the work is long enough, so that a
+/// thread slowed or started late leaves the other little to wait for:
+/// batch-8 decode on two threads read 71% and 78% of the read loop at 8k
+/// and 32k with sixteen (means of eight interleaved runs on a Zen 4 VM),
+/// against 69% and 74% with four, which cut each sequence into one chunk.
+const CHUNKS_PER_THREAD: usize = 16;
+
 /// Longest span, in blocks: a kernel call takes up to this many blocks'
 /// keys.
 const SPAN_BLOCKS: usize = 8;
@@ -908,8 +922,11 @@ mod tests {
             two.clone().with_span_keys(32).chunk_tokens(256 * 8, 8, 16),
             32
         );
-        // Long contexts are cut by the thread count, in whole pages.
-        assert_eq!(two.chunk_tokens(32768 * 8, 8, 16), 32768 / 8);
+        // Long contexts are cut into sixteen chunks per thread, in whole
+        // pages, and not at all on one thread.
+        assert_eq!(two.chunk_tokens(32768 * 8, 8, 16), 32768 / 32);
+        let one = CpuEngine::new().with_threads(1);
+        assert_eq!(one.chunk_tokens(32768 * 8, 8, 16), 32768);
         assert_eq!(two.chunk_tokens(1000 * 8, 8, 16) % 16, 0);
         // One-head tasks keep their 256-token floor.
         assert_eq!(two.chunk_tokens(256, 1, 16), 256);
