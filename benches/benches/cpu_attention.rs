@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvslice_benches::decode_workload::{
-    BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, decode_seqs, fill, kv_bytes, layout,
+    BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, cached_tables, decode_seqs, fill, kv_bytes, layout,
 };
 use kvslice_core::testkit::Rng;
 use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, PageBuf, PageId, SeqAttention};
@@ -114,10 +114,7 @@ fn decode(c: &mut Criterion) {
         }
         // The compute ceiling: the same work with every block table cycling
         // over its sequence's first two pages (1 MiB in all, cache-resident).
-        let hot: Vec<Vec<PageId>> = tables
-            .iter()
-            .map(|t| (0..t.len()).map(|i| t[i % 2.min(t.len())]).collect())
-            .collect();
+        let hot = cached_tables(&tables);
         let hot_seqs = decode_seqs(&hot, ctx);
         g.bench_function(BenchmarkId::new("kvslice_cpu_cached", ctx), |b| {
             b.iter(|| {

@@ -66,6 +66,24 @@ pub fn fill(ctx: usize, shuffle: bool) -> (PageBuf, Vec<Vec<PageId>>) {
     (pages, tables)
 }
 
+/// The same block tables cycling over each sequence's first two pages
+/// (1 MiB in all for the batch): the work of a decode step over `tables`
+/// with its K and V cache-resident, which says what compute alone allows.
+///
+/// ```
+/// use kvslice_core::PageId;
+///
+/// let tables = vec![(0..5).map(PageId).collect::<Vec<_>>()];
+/// let hot = kvslice_benches::decode_workload::cached_tables(&tables);
+/// assert_eq!(hot[0], [0, 1, 0, 1, 0].map(PageId));
+/// ```
+pub fn cached_tables(tables: &[Vec<PageId>]) -> Vec<Vec<PageId>> {
+    tables
+        .iter()
+        .map(|t| (0..t.len()).map(|i| t[i % 2.min(t.len())]).collect())
+        .collect()
+}
+
 /// One decode step (one query token) per sequence over `tables`.
 pub fn decode_seqs(tables: &[Vec<PageId>], ctx: usize) -> Vec<SeqAttention<'_>> {
     tables
