@@ -67,8 +67,9 @@ pub fn fill(ctx: usize, shuffle: bool) -> (PageBuf, Vec<Vec<PageId>>) {
 }
 
 /// The same block tables cycling over each sequence's first two pages
-/// (1 MiB in all for the batch): the work of a decode step over `tables`
-/// with its K and V cache-resident, which says what compute alone allows.
+/// (for this workload's batch, 1 MiB in all): the work of a decode step
+/// over `tables` with its K and V cache-resident, which says what compute
+/// alone allows.
 ///
 /// ```
 /// use kvslice_core::PageId;

@@ -453,8 +453,9 @@ impl CpuEngine {
         if self.chunk_pages > 0 {
             return self.chunk_pages * bt;
         }
-        // One thread needs no split: each chunk costs a merge, and its
-        // first span goes unprefetched.
+        // One thread needs no split: each chunk costs a merge, and the
+        // first head's keys of its first span go unprefetched (nothing
+        // before them pairs with them).
         let chunks = if self.threads == 1 {
             1
         } else {
