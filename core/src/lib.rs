@@ -64,7 +64,7 @@ pub use evict::{
     TinyLfuPolicy,
 };
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
-pub use layout::{HeadShard, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
+pub use layout::{HeadShard, KeyOrder, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
 pub use map::{MapCensus, SliceMap};
 pub use page::{
     KvRows, KvRowsMut, KvWrite, PageBuf, PageGeometry, PageId, PageMemory, PageMemoryMut,

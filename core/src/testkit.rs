@@ -303,24 +303,29 @@ pub fn tolerance(dtype: crate::KvDtype) -> (f64, f64) {
 
 /// The accuracy suite every backend runs: random inputs (never zeros) over
 /// many shapes, page sizes 1, 16, 64 and 7, all three dtypes, decode and
-/// causal prefill, compared with the [`ReferenceEngine`](crate::ReferenceEngine)
+/// causal prefill, with keys token-major and (page sizes 16, 64 and 7)
+/// dim-major, compared with the [`ReferenceEngine`](crate::ReferenceEngine)
 /// on the same pages (so both read the same rounded K/V). f32 must match to
 /// 1e-5 relative error; f16 to atol 1e-3, rtol 1e-3; bf16 to atol 1e-3,
 /// rtol 1.6e-2 (vLLM's tolerances). NaN never passes. Returns the number of
 /// comparisons made; panics with the case on a mismatch.
 pub fn accuracy_suite<E: crate::AttentionEngine<PageBuf>>(engine: &E) -> usize {
-    accuracy_suite_on(engine, |pages| pages.clone())
+    use crate::KeyOrder::{DimMajor, TokenMajor};
+    accuracy_suite_on(engine, &[TokenMajor, DimMajor], |pages| pages.clone())
 }
 
-/// [`accuracy_suite`] for an engine whose pages live elsewhere (a device):
-/// `mirror` copies each scenario's host pages into the engine's memory once,
-/// and the engine then answers every batch of that scenario from its copy.
+/// [`accuracy_suite`] over the key orders in `orders` for an engine whose
+/// pages live elsewhere (a device): `mirror` copies each scenario's host
+/// pages into the engine's memory once, and the engine then answers every
+/// batch of that scenario from its copy.
 pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
     engine: &E,
+    orders: &[crate::KeyOrder],
     mut mirror: impl FnMut(&PageBuf) -> P,
 ) -> usize {
     use crate::{
-        AttentionBatch, AttentionEngine, KvDtype, LayerGrouping, LayoutSpec, ReferenceEngine,
+        AttentionBatch, AttentionEngine, KeyOrder, KvDtype, LayerGrouping, LayoutSpec,
+        ReferenceEngine,
     };
     // (layers, q heads, kv heads, head_dim, grouping, shards)
     let shapes: [(u32, u32, u32, u32, LayerGrouping, u32); 5] = [
@@ -337,13 +342,22 @@ pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
     ];
     let mut rng = Rng::new(0x5eed);
     let mut checks = 0;
-    for (si, &(layers, qh, kvh, hd, grouping, shards)) in shapes.iter().enumerate() {
-        for bt in [1u32, 16, 64, 7] {
+    let cases = orders.iter().flat_map(|&order| {
+        // One-token pages store keys the same either way.
+        let bts: &[u32] = match order {
+            KeyOrder::TokenMajor => &[1, 16, 64, 7],
+            KeyOrder::DimMajor => &[16, 64, 7],
+        };
+        bts.iter().map(move |&bt| (order, bt))
+    });
+    for (order, bt) in cases {
+        for (si, &(layers, qh, kvh, hd, grouping, shards)) in shapes.iter().enumerate() {
             for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
                 let layout = KvLayout::new(
                     LayoutSpec::new(layers, qh, kvh, hd, bt, dtype)
                         .with_grouping(grouping)
-                        .with_head_shards(shards),
+                        .with_head_shards(shards)
+                        .with_key_order(order),
                 )
                 .expect("valid suite layout");
                 let seqs = workloads[(si + bt as usize) % workloads.len()];
@@ -365,7 +379,7 @@ pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
                             .expect("engine accepts a valid batch");
                         let want64: Vec<f64> = want.iter().map(|&x| f64::from(x)).collect();
                         let case = alloc::format!(
-                            "shape {si} bt {bt} {dtype:?} layer {layer} shard {shard}"
+                            "shape {si} bt {bt} {dtype:?} {order:?} layer {layer} shard {shard}"
                         );
                         match dtype {
                             KvDtype::F32 => {

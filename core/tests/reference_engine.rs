@@ -3,8 +3,9 @@
 
 use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, KvWrite, LayerGrouping, LayoutSpec,
-    PageBuf, PageId, ReferenceEngine, SeqAttention,
+    AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, KvPart, KvWrite,
+    LayerGrouping, LayoutSpec, PageBuf, PageId, PageMemory, ReferenceEngine, SeqAttention,
+    read_head_rows,
 };
 
 /// (layers, q heads, kv heads, head_dim, grouping, shards)
@@ -18,11 +19,16 @@ const SHAPES: [(u32, u32, u32, u32, LayerGrouping, u32); 5] = [
 
 fn check(dtype: KvDtype, bt: u32, seqs: &[(usize, usize)], seed: u64) {
     let mut rng = Rng::new(seed);
-    for &(layers, qh, kvh, hd, grouping, shards) in &SHAPES {
+    let orders = [KeyOrder::TokenMajor, KeyOrder::DimMajor];
+    for (&(layers, qh, kvh, hd, grouping, shards), order) in SHAPES
+        .iter()
+        .flat_map(|s| orders.iter().map(move |o| (s, *o)))
+    {
         let layout = KvLayout::new(
             LayoutSpec::new(layers, qh, kvh, hd, bt, dtype)
                 .with_grouping(grouping)
-                .with_head_shards(shards),
+                .with_head_shards(shards)
+                .with_key_order(order),
         )
         .unwrap();
         let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
@@ -43,7 +49,7 @@ fn check(dtype: KvDtype, bt: u32, seqs: &[(usize, usize)], seed: u64) {
                 let err = max_rel_err(&out, &want);
                 assert!(
                     err <= 1e-5,
-                    "{dtype:?} bt={bt} shape={:?} layer={layer} shard={shard}: rel err {err:e}",
+                    "{dtype:?} {order:?} bt={bt} shape={:?} layer={layer} shard={shard}: rel err {err:e}",
                     (layers, qh, kvh, hd, grouping, shards)
                 );
             }
@@ -117,6 +123,45 @@ fn mask_is_bottom_right_aligned() {
         )
         .unwrap();
     assert_eq!(out, [1.5, 3.0]);
+}
+
+#[test]
+fn dim_major_keys_are_stored_transposed() {
+    // Two kv heads of 3 elements, 4-token pages; tokens 1..6 written, so
+    // the write starts mid-page and crosses into the second page.
+    let spec = LayoutSpec::new(1, 2, 2, 3, 4, KvDtype::F32).with_key_order(KeyOrder::DimMajor);
+    let layout = KvLayout::new(spec).unwrap();
+    let mut pages = PageBuf::new(layout, 2).unwrap();
+    let table = [PageId(0), PageId(1)];
+    // Token t, head h, element d holds 100t + 10h + d; values the negation.
+    let k: Vec<f32> = (1..6)
+        .flat_map(|t| (0..2).flat_map(move |h| (0..3).map(move |d| (100 * t + 10 * h + d) as f32)))
+        .collect();
+    let v: Vec<f32> = k.iter().map(|x| -x).collect();
+    let w = KvWrite {
+        layer: 0,
+        shard: 0,
+        block_table: &table,
+        start: 1,
+        k: &k,
+        v: &v,
+    };
+    ReferenceEngine.write_kv(&mut pages, &w).unwrap();
+    let f32_at = |page: u32, elem: usize| {
+        let b = &pages.page(PageId(page)).unwrap()[4 * elem..4 * elem + 4];
+        f32::from_le_bytes(b.try_into().unwrap())
+    };
+    // Head 1's keys in page 0 start at element 12 (head 0's 4 × 3 before
+    // them): element d of token t is at 12 + 4d + t.
+    assert_eq!(f32_at(0, 12 + 4 * 2 + 3), 312.0);
+    assert_eq!(f32_at(0, 12 + 1), 110.0);
+    // Values stay token-major: page 1, head 0, token 5 (slot 1), d = 2.
+    let v_start = layout.head_region(KvPart::V, 0, 0).unwrap().start;
+    assert_eq!(f32_at(1, v_start + 3 + 2), -502.0);
+    // Read back token-major, whatever the order.
+    let mut rows = [0f32; 6];
+    read_head_rows(&pages, PageId(1), KvPart::K, 0, 1, &mut rows).unwrap();
+    assert_eq!(rows, [410.0, 411.0, 412.0, 510.0, 511.0, 512.0]);
 }
 
 fn small() -> (PageBuf, [PageId; 2]) {

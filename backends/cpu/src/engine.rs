@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, BatchShape, Error, KvPart, KvWrite, PageMemory, PageMemoryMut,
-    Result, SeqAttention, write_kv,
+    AttentionBatch, AttentionEngine, BatchShape, Error, KeyOrder, KvPart, KvWrite, PageMemory,
+    PageMemoryMut, Result, SeqAttention, write_kv,
 };
 
 use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
@@ -426,6 +426,9 @@ struct Scratch {
     /// Length of a head's slot of `weights`: rows × the keys of the
     /// longest span.
     slot_len: usize,
+    /// One block of dim-major keys widened as stored, to be transposed
+    /// into `widened`.
+    block: Vec<f32>,
 }
 
 /// One kv head's part of a task: where its query rows (token-major, then
@@ -546,6 +549,13 @@ impl CpuEngine {
             Ok(span)
         };
         scratch.widened.resize(bt * hd * max_blocks, 0.0);
+        // Dim-major keys are read as whole blocks (the kernels index their
+        // columns), and widened through one block's transpose where the
+        // four-row kernels do not take them.
+        let dim_major = layout.key_order() == KeyOrder::DimMajor;
+        if dim_major {
+            scratch.block.resize(bt * hd, 0.0);
+        }
         scratch.slot_len = rows * bt * max_blocks;
         scratch.weights.resize(heads.len() * scratch.slot_len, 0.0);
         scratch.key_major.resize(heads.len(), false);
@@ -606,7 +616,12 @@ impl CpuEngine {
             // compute in the same page.
             for i in 0..heads.len() {
                 let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k);
-                let (segs, ahead) = (cut(&heads[i].k), whole(&span, ahead));
+                let segs = if dim_major {
+                    whole(&span, &heads[i].k)
+                } else {
+                    cut(&heads[i].k)
+                };
+                let ahead = whole(&span, ahead);
                 let h = &mut heads[i];
                 let keys = Block {
                     segs: segs.as_slice(),
@@ -615,6 +630,7 @@ impl CpuEngine {
                     pos,
                     n,
                     first,
+                    dim_major: dim_major.then_some(bt),
                 };
                 self.score_block(layout, seq, &q[h.q.clone()], &mut h.part, &keys, scratch);
             }
@@ -633,6 +649,7 @@ impl CpuEngine {
                     pos,
                     n,
                     first,
+                    dim_major: None,
                 };
                 self.value_block(layout, &mut h.part, &values, scratch);
             }
@@ -680,6 +697,7 @@ impl CpuEngine {
         let Scratch {
             weights,
             widened,
+            block,
             key_major,
             rescale,
             slot_len,
@@ -695,22 +713,29 @@ impl CpuEngine {
         let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
         // Four rows that all see the whole block (GQA decode with four
         // query heads per kv head, or four token-major rows off the causal
-        // diagonal): scores and softmax in one call.
+        // diagonal): scores and softmax in one call. Dim-major keys go
+        // there in whole blocks of a multiple of 16 keys.
         let four = self
             .four_row_kernels(hd)
             .filter(|_| live == 4 && full == first);
+        let four = match keys.dim_major {
+            None => four.map(|fk| fk.scores_softmax),
+            Some(bt) => four
+                .filter(|_| bt % 16 == 0 && pos % bt == 0 && n == keys.segs.len() * bt)
+                .map(|fk| fk.scores_softmax_dim_major),
+        };
         key_major[keys.slot] = four.is_some();
-        if let Some(fk) = four {
+        if let Some(scores_softmax) = four {
             let state = SoftmaxState {
                 max: &mut part.max[first..],
                 sum: &mut part.sum[first..],
                 rescale,
             };
-            (fk.scores_softmax)(dtype, q, keys.segs, scores, state, keys.ahead);
+            scores_softmax(dtype, q, keys.segs, scores, state, keys.ahead);
         } else {
             let widened = &mut widened[..n * hd];
             self.scores_then_softmax(
-                dtype, keys, q, scores, widened, part, rescale, &visible, full,
+                dtype, keys, q, scores, widened, block, part, rescale, &visible, full,
             );
         }
         for (r, &c) in (first..rows).zip(rescale.iter()) {
@@ -734,6 +759,7 @@ impl CpuEngine {
         q: &[f32],
         scores: &mut [f32],
         widened: &mut [f32],
+        block: &mut [f32],
         part: &mut Partials,
         rescale: &mut [f32],
         visible: &dyn Fn(usize) -> usize,
@@ -742,13 +768,17 @@ impl CpuEngine {
         let k = &self.kernels;
         let (rows, n, first) = (part.max.len(), keys.n, keys.first);
         let live = rows - first;
-        // Up to one register group of rows (GQA decode) reads K as stored;
-        // more rows widen it once for all row groups.
-        if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+        // Up to one register group of rows (GQA decode) reads token-major
+        // K as stored; more rows, and dim-major K, widen it once for all
+        // row groups.
+        let stored = k
+            .stored
+            .filter(|_| live <= StoredKernels::MAX_ROWS && keys.dim_major.is_none());
+        if let Some(sk) = stored {
             let (bytes, ahead) = keys.single();
             (sk.scores)(dtype, q, live, bytes, n, scores, ahead);
         } else {
-            let ahead = keys.widen(k, dtype, widened);
+            let ahead = keys.widen(k, dtype, widened, block);
             (k.scores)(q, live, widened, n, scores, ahead);
         }
         // One softmax call for the rows that see the whole block, one per
@@ -802,12 +832,18 @@ impl CpuEngine {
             (fk.weighted_sum)(dtype, weights, values.segs, acc, values.ahead);
             return;
         }
-        if let Some(sk) = k.stored.filter(|_| live <= StoredKernels::MAX_ROWS) {
+        // Spans of several blocks reach here only for dim-major keys the
+        // four-row kernels did not take (a partial block): their values
+        // widen too.
+        let stored = k
+            .stored
+            .filter(|_| live <= StoredKernels::MAX_ROWS && values.segs.len() == 1);
+        if let Some(sk) = stored {
             let (bytes, ahead) = values.single();
             (sk.weighted_sum)(dtype, weights, live, bytes, n, acc, ahead);
         } else {
             let widened = &mut scratch.widened[..n * hd];
-            let ahead = values.widen(k, dtype, widened);
+            let ahead = values.widen(k, dtype, widened, &mut scratch.block);
             (k.weighted_sum)(weights, live, widened, n, acc, ahead);
         }
     }
@@ -866,6 +902,9 @@ struct Block<'a> {
     n: usize,
     /// The first of the task's rows (token-major) that sees any of it.
     first: usize,
+    /// For dim-major keys, the block length: each segment is then a whole
+    /// block, of which the span takes keys `pos..pos + n`.
+    dim_major: Option<usize>,
 }
 
 impl Block<'_> {
@@ -887,17 +926,44 @@ impl Block<'_> {
         (self.segs[0], self.ahead.first().copied().unwrap_or(&[]))
     }
 
-    /// The span's rows widened to f32 into `out` (`n·d`, block after
-    /// block), and the prefetch target of the kernel that reads them: the
-    /// first region ahead (the general kernels walk one).
-    fn widen(&self, k: &Kernels, dtype: kvslice_core::KvDtype, out: &mut [f32]) -> &[u8] {
-        let mut at = 0;
+    /// The span's rows widened to f32 into `out` (`n·d`, token-major,
+    /// block after block; dim-major blocks through `block`, one block's
+    /// elements), and the prefetch target of the kernel that reads them:
+    /// the first region ahead (the general kernels walk one).
+    fn widen(
+        &self,
+        k: &Kernels,
+        dtype: kvslice_core::KvDtype,
+        out: &mut [f32],
+        block: &mut [f32],
+    ) -> &[u8] {
+        let ahead = self.ahead.first().copied().unwrap_or(&[]);
+        let Some(bt) = self.dim_major else {
+            let mut at = 0;
+            for seg in self.segs {
+                let len = seg.len() / dtype.size_bytes();
+                k.widen(dtype, seg, &mut out[at..at + len]);
+                at += len;
+            }
+            return ahead;
+        };
+        let d = out.len() / self.n;
+        let (mut done, mut from) = (0, self.pos % bt);
         for seg in self.segs {
-            let len = seg.len() / dtype.size_bytes();
-            k.widen(dtype, seg, &mut out[at..at + len]);
-            at += len;
+            let block = &mut block[..bt * d];
+            k.widen(dtype, seg, block);
+            let take = (bt - from).min(self.n - done);
+            for (t, row) in out[done * d..(done + take) * d]
+                .chunks_exact_mut(d)
+                .enumerate()
+            {
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = block[c * bt + from + t];
+                }
+            }
+            (done, from) = (done + take, 0);
         }
-        self.ahead.first().copied().unwrap_or(&[])
+        ahead
     }
 }
 

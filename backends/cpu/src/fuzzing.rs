@@ -1,12 +1,13 @@
-//! Fuzz harness (feature `fuzzing`): arbitrary small shapes, page sizes,
-//! thread counts, split-K chunk sizes and contents through the CPU engine,
-//! against the reference engine and dense f64 attention; non-finite input is
-//! a typed error that leaves pages untouched.
+//! Fuzz harness (feature `fuzzing`): arbitrary small shapes, page sizes, key
+//! orders, thread counts, split-K chunk sizes and contents through the CPU
+//! engine, against the reference engine and dense f64 attention; non-finite
+//! input is a typed error that leaves pages untouched.
 
 use arbitrary::Unstructured;
 use kvslice_core::testkit::{Rng, Scenario, all_close, max_rel_err, tolerance};
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, KvWrite, LayoutSpec, ReferenceEngine,
+    AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, KvWrite, LayoutSpec,
+    ReferenceEngine,
 };
 
 use crate::CpuEngine;
@@ -31,7 +32,12 @@ pub fn attention(data: &[u8]) {
         small(&mut u, 1, 9),
         dtype,
     )
-    .with_head_shards(small(&mut u, 1, kv));
+    .with_head_shards(small(&mut u, 1, kv))
+    .with_key_order(if small(&mut u, 0, 1) == 1 {
+        KeyOrder::DimMajor
+    } else {
+        KeyOrder::TokenMajor
+    });
     let layout = KvLayout::new(spec).expect("valid by construction");
     let seqs: Vec<(usize, usize)> = (0..small(&mut u, 1, 3))
         .map(|_| {

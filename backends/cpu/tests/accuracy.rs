@@ -4,8 +4,8 @@
 
 use kvslice_core::testkit::{Rng, Scenario, accuracy_suite, max_rel_err};
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, Error, KvDtype, KvLayout, LayoutSpec, PageBuf, PageId,
-    SeqAttention,
+    AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, LayoutSpec, PageBuf,
+    PageId, SeqAttention,
 };
 use kvslice_cpu::{CpuEngine, Kernels};
 
@@ -134,23 +134,27 @@ fn query_tiles_agree() {
 }
 
 /// Runs `engines` on one random scenario of `layout` with `seqs` (as
-/// `(kv_len, q_len)`) and asserts each within 1e-5 of the f64 oracle.
+/// `(kv_len, q_len)`), keys token-major and dim-major, and asserts each
+/// within 1e-5 of the f64 oracle.
 fn agree_with_oracle(
     layout: KvLayout,
     seqs: &[(usize, usize)],
     rng: &mut Rng,
     engines: &[CpuEngine],
 ) {
-    let sc = Scenario::random(layout, seqs, rng).unwrap();
-    let q = sc.random_queries(0, rng).unwrap();
-    let table = sc.seq_attention(0, 0).unwrap();
-    let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
-    let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
-    for engine in engines {
-        let mut out = vec![f32::NAN; q.len()];
-        engine.attend(&sc.pages, &batch, &mut out).unwrap();
-        let err = max_rel_err(&out, &want);
-        assert!(err < 1e-5, "{layout:?}, {seqs:?}, {engine:?}: {err:e}");
+    for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
+        let layout = KvLayout::new(layout.spec().with_key_order(order)).unwrap();
+        let sc = Scenario::random(layout, seqs, rng).unwrap();
+        let q = sc.random_queries(0, rng).unwrap();
+        let table = sc.seq_attention(0, 0).unwrap();
+        let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
+        let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
+        for engine in engines {
+            let mut out = vec![f32::NAN; q.len()];
+            engine.attend(&sc.pages, &batch, &mut out).unwrap();
+            let err = max_rel_err(&out, &want);
+            assert!(err < 1e-5, "{layout:?}, {seqs:?}, {engine:?}: {err:e}");
+        }
     }
 }
 
@@ -245,4 +249,57 @@ fn bad_batches_fail_before_compute() {
         matches!(r, Err(Error::ShapeMismatch { .. })),
         "head-count mismatch: {r:?}"
     );
+}
+
+/// Dim-major keys in whole blocks of 16 reach the four-row dim-major
+/// kernel (GQA 4 decode), and a partial last block goes through the
+/// general path, with both results right.
+#[test]
+fn dim_major_decode_takes_the_dim_major_kernel() {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use kvslice_cpu::{FourRowKernels, SoftmaxState};
+
+    static INNER: OnceLock<FourRowKernels> = OnceLock::new();
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    fn counted(
+        dtype: KvDtype,
+        q: &[f32],
+        keys: &[&[u8]],
+        w: &mut [f32],
+        state: SoftmaxState<'_>,
+        ahead: &[&[u8]],
+    ) {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        (INNER.get().unwrap().scores_softmax_dim_major)(dtype, q, keys, w, state, ahead);
+    }
+    let Some(mut set) = Kernels::supported()
+        .into_iter()
+        .find(|k| k.stored.is_some_and(|s| s.four_rows.is_some()))
+    else {
+        println!("no four-row kernels on this CPU: nothing to count");
+        return;
+    };
+    let stored = set.stored.as_mut().unwrap();
+    let four = stored.four_rows.as_mut().unwrap();
+    INNER.set(*four).ok();
+    four.scores_softmax_dim_major = counted;
+    let engine = CpuEngine::new().with_kernels(set).with_threads(1);
+    let spec = LayoutSpec::new(1, 8, 2, 32, 16, KvDtype::F16).with_key_order(KeyOrder::DimMajor);
+    let layout = KvLayout::new(spec).unwrap();
+    let mut rng = Rng::new(23);
+    // 128 keys: two spans of four whole blocks per kv head; 120 keys: the
+    // second span ends in a partial block and takes the general path.
+    for (kv_len, calls) in [(128usize, 4usize), (120, 2)] {
+        CALLS.store(0, Ordering::Relaxed);
+        agree_with_oracle(
+            layout,
+            &[(kv_len, 1)],
+            &mut rng,
+            std::slice::from_ref(&engine),
+        );
+        // `agree_with_oracle` runs token-major keys too, which never count.
+        assert_eq!(CALLS.load(Ordering::Relaxed), calls, "kv_len {kv_len}");
+    }
 }

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use kvslice_core::{
-    DeviceFailure, Error, KvLayout, PageBuf, PageGeometry, PageId, PageMemory, PageMemoryMut,
-    Result,
+    DeviceFailure, Error, KeyOrder, KvLayout, PageBuf, PageGeometry, PageId, PageMemory,
+    PageMemoryMut, Result,
 };
 
 use crate::gpu::Gpu;
@@ -55,6 +55,12 @@ impl DevicePages {
         num_pages: u32,
         max_chunk_bytes: u64,
     ) -> Result<Self> {
+        if layout.key_order() == KeyOrder::DimMajor {
+            // The shaders read and write token-major keys only.
+            return Err(Error::InvalidLayout(
+                "the wgpu engine does not take dim-major keys (KeyOrder::DimMajor) yet",
+            ));
+        }
         let page_bytes = layout.page_bytes() as u64;
         let limit = max_chunk_bytes.min(gpu.max_binding);
         let pages_per_chunk = (limit / page_bytes).min(u64::from(u32::MAX)) as u32;

@@ -1,5 +1,6 @@
 //! The wgpu engine against the reference engine: the shared accuracy suite
-//! (f32/f16/bf16, decode, prefill and mixed, page sizes 1/16/64/7), pages
+//! (f32/f16/bf16, decode, prefill and mixed, page sizes 1/16/64/7; keys
+//! token-major, as dim-major keys are a typed error here), pages
 //! split across many bindings, in-place K/V writes, and bad input and
 //! device failures as typed errors.
 //!
@@ -8,8 +9,8 @@
 
 use kvslice_core::testkit::{Rng, Scenario, accuracy_suite_on, max_rel_err};
 use kvslice_core::{
-    AttentionBatch, AttentionEngine, DeviceFailure, Error, KvDtype, KvLayout, KvWrite, LayoutSpec,
-    PageBuf, PageGeometry, PageId, ReferenceEngine, SeqAttention,
+    AttentionBatch, AttentionEngine, DeviceFailure, Error, KeyOrder, KvDtype, KvLayout, KvWrite,
+    LayoutSpec, PageBuf, PageGeometry, PageId, ReferenceEngine, SeqAttention,
 };
 use kvslice_wgpu::WgpuEngine;
 
@@ -23,7 +24,9 @@ fn suite_passes() {
         return;
     };
     println!("native f16: {}", e.native_f16());
-    let n = accuracy_suite_on(&e, |host| e.upload(host).expect("upload"));
+    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], |host| {
+        e.upload(host).expect("upload")
+    });
     assert!(n > 100, "{n} checks");
 }
 
@@ -34,7 +37,7 @@ fn suite_passes_with_unpacked_f16_and_pages_over_many_bindings() {
     };
     // Force the unpack path and small splits (many workgroups per tile).
     let e = e.with_native_f16(false).with_target_workgroups(100_000);
-    let n = accuracy_suite_on(&e, |host| {
+    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], |host| {
         // About six bindings per memory, so chunk selection is exercised.
         let per = host.num_pages().div_ceil(6).max(1);
         let mut pages = e
@@ -128,6 +131,18 @@ fn long_context_decode_and_prefill_after_device_writes() {
     let mut out = vec![f32::NAN; q.len()];
     e.attend(&dev, &batch, &mut out).unwrap();
     assert!(max_rel_err(&out, &want) < 1e-5);
+}
+
+#[test]
+fn dim_major_keys_are_a_typed_error() {
+    let Some(e) = engine("dim_major_keys") else {
+        return;
+    };
+    let spec = LayoutSpec::new(1, 4, 1, 8, 16, KvDtype::F16).with_key_order(KeyOrder::DimMajor);
+    let layout = KvLayout::new(spec).unwrap();
+    assert!(matches!(e.pages(layout, 2), Err(Error::InvalidLayout(_))));
+    let host = PageBuf::new(layout, 2).unwrap();
+    assert!(matches!(e.upload(&host), Err(Error::InvalidLayout(_))));
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! A page holds K and V of `block_tokens` tokens for one layer group and one
 //! head shard. Inside a page the order is
 //! `[layer in group][K | V][kv head in shard][token][head_dim]`, so one
-//! head's keys for a block are a contiguous `block_tokens × head_dim` matrix.
+//! head's keys for a block are a contiguous `block_tokens × head_dim` matrix;
+//! with [`KeyOrder::DimMajor`] that matrix of keys is stored transposed,
+//! `[head_dim][token]` (values keep `[token][head_dim]`).
 
 mod dtype;
 mod shard;
@@ -26,6 +28,36 @@ pub enum LayerGrouping {
     Groups(u32),
 }
 
+/// How one head's keys are ordered inside a block: the only part of the
+/// page format that differs between layouts of equal sizes.
+///
+/// ```
+/// use kvslice_core::{KeyOrder, KvDtype, KvLayout, KvPart, LayoutSpec};
+///
+/// let spec = LayoutSpec::new(1, 4, 1, 8, 16, KvDtype::F16);
+/// let tm = KvLayout::new(spec)?;
+/// let dm = KvLayout::new(spec.with_key_order(KeyOrder::DimMajor))?;
+/// // Element 3 of token 5: row-major, or column-major over the block.
+/// assert_eq!(tm.elem_offset(KvPart::K, 5, 3), 5 * 8 + 3);
+/// assert_eq!(dm.elem_offset(KvPart::K, 5, 3), 3 * 16 + 5);
+/// // Values keep token-major order, and the two layouts never share keys.
+/// assert_eq!(dm.elem_offset(KvPart::V, 5, 3), 5 * 8 + 3);
+/// assert_ne!(tm.fingerprint_words(), dm.fingerprint_words());
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KeyOrder {
+    /// `[token][head_dim]`: each key's elements contiguous, as values are.
+    #[default]
+    TokenMajor,
+    /// `[head_dim][token]`: each element's values over the block's tokens
+    /// contiguous, so that a SIMD kernel scores a vector of keys per
+    /// instruction with no horizontal sums (vLLM's CUDA key cache splits
+    /// its blocks the same way). kvslice-cpu's four-row decode kernels
+    /// take it; the wgpu engine does not yet.
+    DimMajor,
+}
+
 /// Unvalidated layout parameters; turn them into a [`KvLayout`] with
 /// [`KvLayout::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +78,8 @@ pub struct LayoutSpec {
     pub grouping: LayerGrouping,
     /// Tensor-parallel workers the kv heads are split across.
     pub head_shards: u32,
+    /// Order of each head's keys inside a block.
+    pub key_order: KeyOrder,
 }
 
 impl LayoutSpec {
@@ -67,6 +101,7 @@ impl LayoutSpec {
             dtype,
             grouping: LayerGrouping::AllLayers,
             head_shards: 1,
+            key_order: KeyOrder::TokenMajor,
         }
     }
 
@@ -79,6 +114,12 @@ impl LayoutSpec {
     /// Sets the number of head shards (tensor-parallel workers).
     pub const fn with_head_shards(mut self, shards: u32) -> Self {
         self.head_shards = shards;
+        self
+    }
+
+    /// Sets the order of keys inside a block.
+    pub const fn with_key_order(mut self, order: KeyOrder) -> Self {
+        self.key_order = order;
         self
     }
 }
@@ -217,6 +258,10 @@ impl KvLayout {
     pub fn dtype(&self) -> KvDtype {
         self.spec.dtype
     }
+    /// Order of each head's keys inside a block.
+    pub fn key_order(&self) -> KeyOrder {
+        self.spec.key_order
+    }
     /// Layers per page (the last group may hold fewer).
     pub fn layers_per_group(&self) -> u32 {
         self.layers_per_group
@@ -284,6 +329,16 @@ impl KvLayout {
         Ok(start..start + self.head_stride)
     }
 
+    /// Offset of element `dim` of token `slot` of a block inside one
+    /// head's region of `part` ([`Self::head_region`]): `slot · head_dim +
+    /// dim`, or `dim · block_tokens + slot` for dim-major keys.
+    pub fn elem_offset(&self, part: KvPart, slot: usize, dim: usize) -> usize {
+        match (part, self.spec.key_order) {
+            (KvPart::K, KeyOrder::DimMajor) => dim * self.spec.block_tokens as usize + slot,
+            _ => slot * self.spec.head_dim as usize + dim,
+        }
+    }
+
     /// Every field that changes what a page holds, mixed into the root of
     /// every key chain so that pages of different layouts never share a key.
     pub fn fingerprint_words(&self) -> [u32; 9] {
@@ -297,7 +352,12 @@ impl KvLayout {
             s.dtype.tag() as u32,
             self.layers_per_group,
             s.head_shards,
-            1, // page format version
+            // Page format version: 1 is token-major keys, the format every
+            // key had before dim-major keys existed (so those keys hold).
+            match s.key_order {
+                KeyOrder::TokenMajor => 1,
+                KeyOrder::DimMajor => 2,
+            },
         ]
     }
 }

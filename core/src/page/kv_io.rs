@@ -2,11 +2,11 @@
 
 use super::{PageGeometry, PageId, PageMemory, PageMemoryMut};
 use crate::error::{Error, Result, check_index, check_len};
-use crate::layout::KvLayout;
-use crate::layout::KvPart;
+use crate::layout::{KeyOrder, KvLayout, KvPart};
 
 /// Decodes the first `tokens` rows of one head's K or V matrix in `page`
-/// into `out` (`tokens × head_dim` f32 values).
+/// into `out` (`tokens × head_dim` f32 values, token-major whatever the
+/// layout's [`KeyOrder`](crate::KeyOrder)).
 ///
 /// ```
 /// use kvslice_core::{KvDtype, KvLayout, KvPart, LayoutSpec, PageBuf, PageId, read_head_rows};
@@ -39,6 +39,16 @@ pub fn read_head_rows<M: PageMemory + ?Sized>(
     let es = layout.dtype().size_bytes();
     let bytes = memory.page(page)?;
     let start = region.start * es;
+    if part == KvPart::K && layout.key_order() == KeyOrder::DimMajor {
+        // A column of the stored matrix per row: element by element.
+        for (i, x) in out.iter_mut().enumerate() {
+            let at = start + layout.elem_offset(part, i / hd, i % hd) * es;
+            layout
+                .dtype()
+                .decode_row(&bytes[at..at + es], core::slice::from_mut(x))?;
+        }
+        return Ok(());
+    }
     layout
         .dtype()
         .decode_row(&bytes[start..start + out.len() * es], out)
@@ -183,8 +193,16 @@ pub fn write_kv<M: PageMemoryMut + ?Sized>(memory: &mut M, w: &KvWrite<'_>) -> R
         for h in 0..heads {
             for (part, src) in [(KvPart::K, w.k), (KvPart::V, w.v)] {
                 let region = layout.head_region(part, layer_in_group, h as u32)?;
-                let at = (region.start + slot * hd) * es;
                 let values = &src[t * row + h * hd..t * row + (h + 1) * hd];
+                if part == KvPart::K && layout.key_order() == KeyOrder::DimMajor {
+                    // A column of the stored matrix: element by element.
+                    for (d, x) in values.iter().enumerate() {
+                        let at = (region.start + layout.elem_offset(part, slot, d)) * es;
+                        dtype.encode_row(core::slice::from_ref(x), &mut page[at..at + es])?;
+                    }
+                    continue;
+                }
+                let at = (region.start + slot * hd) * es;
                 dtype.encode_row(values, &mut page[at..at + hd * es])?;
             }
         }

@@ -6,7 +6,10 @@ use zerocopy::FromBytes;
 use crate::error::{Error, Result};
 use crate::layout::{KvDtype, KvLayout, KvPart};
 
-/// One head's `block_tokens × head_dim` K or V matrix, in the storage dtype.
+/// One head's `block_tokens × head_dim` K or V matrix, in the storage dtype
+/// and as stored: keys of a [`KeyOrder::DimMajor`](crate::KeyOrder) layout
+/// are its transpose, `head_dim × block_tokens`
+/// ([`KvLayout::elem_offset`](crate::KvLayout::elem_offset)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvRows<'a> {
     /// f32 storage.
@@ -42,7 +45,7 @@ impl KvRows<'_> {
     }
 }
 
-/// One head's K or V matrix, writable.
+/// One head's K or V matrix, writable, as stored (see [`KvRows`]).
 #[derive(Debug, PartialEq)]
 pub enum KvRowsMut<'a> {
     /// f32 storage.

@@ -31,6 +31,7 @@ pub(super) fn kernels() -> Option<Kernels> {
             weighted_sum: weighted_sum_stored,
             four_rows: Some(FourRowKernels {
                 scores_softmax: four_row_scores_softmax,
+                scores_softmax_dim_major: four_row_scores_softmax_dim_major,
                 weighted_sum: four_row_weighted_sum,
             }),
         }),
@@ -144,7 +145,7 @@ pub(super) struct PairedRegion {
 impl PairedRegion {
     /// Prefetches the line holding offset `at` (or the last byte).
     #[inline]
-    fn fetch(self, at: usize) {
+    pub(super) fn fetch(self, at: usize) {
         prefetch_at(self.base.wrapping_add(at.min(self.last)));
     }
 
@@ -428,6 +429,31 @@ fn four_row_scores_softmax(
             KvDtype::F32 => four_row_scores_softmax_avx2::<F32>(q, keys, d, w, state, ahead),
             KvDtype::F16 => four_row_scores_softmax_avx2::<F16>(q, keys, d, w, state, ahead),
             KvDtype::Bf16 => four_row_scores_softmax_avx2::<BF16>(q, keys, d, w, state, ahead),
+        }
+    }
+}
+
+fn four_row_scores_softmax_dim_major(
+    dtype: KvDtype,
+    q: &[f32],
+    keys: &[&[u8]],
+    weights: &mut [f32],
+    mut state: SoftmaxState<'_>,
+    ahead: &[&[u8]],
+) {
+    let size = dtype.size_bytes();
+    let (d, bt, _) = shapes::four_row_dim_major(q.len(), keys, size, weights.len(), state.lens());
+    let ahead = Paired::new(ahead);
+    let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
+    // SAFETY: the checks above bound every access made below (each segment
+    // of `keys` one block of `bt` keys of `d` elements of `dtype`, `bt` a
+    // multiple of 16, `weights` `4·n`, the state four rows); AVX2, FMA and
+    // F16C are present.
+    unsafe {
+        match dtype {
+            KvDtype::F32 => dim_major_scores_softmax_avx2::<F32>(q, keys, d, bt, w, state, ahead),
+            KvDtype::F16 => dim_major_scores_softmax_avx2::<F16>(q, keys, d, bt, w, state, ahead),
+            KvDtype::Bf16 => dim_major_scores_softmax_avx2::<BF16>(q, keys, d, bt, w, state, ahead),
         }
     }
 }
@@ -851,6 +877,135 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     }
 }
 
+/// [`FourRowKernels::scores_softmax_dim_major`]: each group of 16 keys of
+/// a block is scored as one 16-lane vector per row, element by element
+/// (a key vector converted once, four FMAs with the rows' elements
+/// broadcast, no horizontal sums); the raw scores are left row by row in
+/// the group's 64 weights, then [`dim_major_weights`] turns them into the
+/// key-major weights of the four-row contract.
+///
+/// # Safety
+/// `q` is valid for `4·d` reads, each segment of `keys` is one block of
+/// `bt` keys (`bt % 16 == 0`) of `d` elements of encoding `E` stored
+/// `[d][bt]`, `w` is valid for `4·n` writes (`n` the keys in all), and the
+/// three pointers of `state` (max, sum, rescale) for 4 reads and writes
+/// each; AVX2, FMA and F16C are present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dim_major_scores_softmax_avx2<const E: u8>(
+    q: *const f32,
+    keys: &[&[u8]],
+    d: usize,
+    bt: usize,
+    w: *mut f32,
+    state: [*mut f32; 3],
+    ahead: Paired<'_>,
+) {
+    let es = elem_bytes::<E>();
+    // Elements per 64-byte line of a group's 16 keys: prefetches at that
+    // pace walk the paired region once over the block's groups.
+    let per_line = (64 / (16 * es)).max(1);
+    let group_bytes = 16 * es * d;
+    let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let mut g = 0;
+    // SAFETY: group `gb` of a segment reads elements `c·bt + 16·gb..+16`
+    // for `c < d`, inside its `bt·d` elements; group `g` writes weights
+    // `64g..64g + 64`, under `4·n`; as the contract requires.
+    unsafe {
+        for (s, seg) in keys.iter().enumerate() {
+            let pair = ahead.region(s, seg.as_ptr(), seg.len());
+            for gb in 0..bt / 16 {
+                let kp = seg.as_ptr().add(16 * gb * es);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for c in 0..d {
+                    if c % per_line == 0 {
+                        pair.fetch(gb * group_bytes + c * 16 * es);
+                    }
+                    let lo = load8::<E>(kp, c * bt);
+                    let hi = load8::<E>(kp, c * bt + 8);
+                    for r in 0..4 {
+                        let qv = _mm256_broadcast_ss(&*q.add(r * d + c));
+                        acc[2 * r] = _mm256_fmadd_ps(qv, lo, acc[2 * r]);
+                        acc[2 * r + 1] = _mm256_fmadd_ps(qv, hi, acc[2 * r + 1]);
+                    }
+                }
+                let out = w.add(64 * g);
+                for r in 0..4 {
+                    _mm256_storeu_ps(out.add(16 * r), acc[2 * r]);
+                    _mm256_storeu_ps(out.add(16 * r + 8), acc[2 * r + 1]);
+                    let m = _mm256_max_ps(acc[2 * r], acc[2 * r + 1]);
+                    vmax[r] = _mm256_max_ps(vmax[r], m);
+                }
+                g += 1;
+            }
+        }
+        dim_major_weights(w, g, hmax4(vmax), state);
+    }
+}
+
+/// The softmax of a dim-major kernel's raw scores: `groups` groups of 16
+/// keys, each left as four rows of 16 in its 64 weights, whose rows'
+/// maxima are `block_max`. Folds them into the rows' online softmax (the
+/// same `exp` and rescaling as [`four_row_scores_softmax_avx2`]) and
+/// writes each group's weights back in place, key-major.
+///
+/// # Safety
+/// `w` is valid for `64·groups` reads and writes, and the three pointers
+/// of `state` (max, sum, rescale) for 4 reads and writes each; AVX2 and FMA
+/// are present.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dim_major_weights(
+    w: *mut f32,
+    groups: usize,
+    block_max: __m128,
+    [max, sum, rescale]: [*mut f32; 3],
+) {
+    // SAFETY: the contract above.
+    unsafe {
+        let old = _mm_loadu_ps(max);
+        let new = _mm_max_ps(old, block_max);
+        _mm_storeu_ps(max, new);
+        let factor = rescale_factors(old, new);
+        _mm_storeu_ps(rescale, factor);
+        let m = [
+            _mm256_set1_ps(_mm_cvtss_f32(new)),
+            _mm256_set1_ps(_mm_cvtss_f32(_mm_permute_ps::<0x55>(new))),
+            _mm256_set1_ps(_mm_cvtss_f32(_mm_permute_ps::<0xAA>(new))),
+            _mm256_set1_ps(_mm_cvtss_f32(_mm_permute_ps::<0xFF>(new))),
+        ];
+        let mut sums = [_mm256_setzero_ps(); 4];
+        for g in 0..groups {
+            let at = w.add(64 * g);
+            // Every score of the group is loaded before any weight is
+            // stored over it.
+            let mut x = [[_mm256_setzero_ps(); 4]; 2];
+            for (half, x) in x.iter_mut().enumerate() {
+                for (r, x) in x.iter_mut().enumerate() {
+                    let s = _mm256_loadu_ps(at.add(16 * r + 8 * half));
+                    *x = exp8(_mm256_sub_ps(s, m[r]));
+                    sums[r] = _mm256_add_ps(sums[r], *x);
+                }
+            }
+            for (half, x) in x.into_iter().enumerate() {
+                // Four rows × eight keys to eight keys × four rows.
+                let t0 = _mm256_unpacklo_ps(x[0], x[1]);
+                let t1 = _mm256_unpacklo_ps(x[2], x[3]);
+                let t2 = _mm256_unpackhi_ps(x[0], x[1]);
+                let t3 = _mm256_unpackhi_ps(x[2], x[3]);
+                let k04 = _mm256_shuffle_ps::<0x44>(t0, t1);
+                let k15 = _mm256_shuffle_ps::<0xEE>(t0, t1);
+                let k26 = _mm256_shuffle_ps::<0x44>(t2, t3);
+                let k37 = _mm256_shuffle_ps::<0xEE>(t2, t3);
+                let out = at.add(32 * half);
+                _mm256_storeu_ps(out, _mm256_permute2f128_ps::<0x20>(k04, k15));
+                _mm256_storeu_ps(out.add(8), _mm256_permute2f128_ps::<0x20>(k26, k37));
+                _mm256_storeu_ps(out.add(16), _mm256_permute2f128_ps::<0x31>(k04, k15));
+                _mm256_storeu_ps(out.add(24), _mm256_permute2f128_ps::<0x31>(k26, k37));
+            }
+        }
+        _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, hsum4(sums)));
+    }
+}
+
 /// # Safety
 /// `p` is valid for `rows·n` reads, the segments of `v` hold `n` whole rows
 /// of `d` elements of encoding `E` in all, `acc` is valid for `rows·d`
@@ -1162,7 +1317,7 @@ fn rescale_factors(old: __m128, new: __m128) -> __m128 {
 /// Lane `i` of the result is the largest of `a[i]`'s eight lanes (the
 /// max counterpart of [`hsum4`]).
 #[target_feature(enable = "avx2")]
-fn hmax4(a: [__m256; 4]) -> __m128 {
+pub(super) fn hmax4(a: [__m256; 4]) -> __m128 {
     let pairs = |x, y| {
         _mm256_max_ps(
             _mm256_shuffle_ps::<0b10_00_10_00>(x, y),

@@ -194,6 +194,16 @@ pub struct FourRowKernels {
     /// If `d` is not a multiple of 8, a segment ends inside a row, or
     /// `weights` or the state is too short.
     pub scores_softmax: FourRowScoresSoftmaxFn,
+    /// [`Self::scores_softmax`] for keys stored dim-major
+    /// ([`kvslice_core::KeyOrder::DimMajor`]): each segment of `keys` is
+    /// one whole block of `bt` keys stored `[d][bt]`, `bt` a multiple of
+    /// 16. Leaves the same weights and state, prefetching `ahead` over the
+    /// same bytes.
+    ///
+    /// # Panics
+    /// If the segments are not whole blocks of one length, `bt` is not a
+    /// multiple of 16, or `weights` or the state is too short.
+    pub scores_softmax_dim_major: FourRowScoresSoftmaxFn,
     /// `acc[i] += Σ_j weights[j·4 + i] · v[j]` for four accumulators of
     /// width `d` (`acc`, `4 × d`), `v[j]` the `n` rows of the segments of
     /// `values` in order, stored as `dtype`. Prefetches `ahead` as
@@ -274,15 +284,17 @@ impl Kernels {
         all
     }
 
-    /// This set with `other`'s four-row weighted sum, named
-    /// [`SPLIT_512_NAME`] (its one use: AVX2's set with AVX-512's sum on
-    /// Zen 4), or `None` where either set lacks four-row kernels. The two
+    /// This set with `other`'s four-row weighted sum and dim-major scores,
+    /// named [`SPLIT_512_NAME`] (its one use: AVX2's set with AVX-512's
+    /// on Zen 4), or `None` where either set lacks four-row kernels. The
     /// kernels share [`FourRowKernels`]' contract, weights key-major, so
     /// either set's scores feed either's sum.
     #[cfg(target_arch = "x86_64")]
     fn with_four_row_weighted_sum(mut self, other: &Self) -> Option<Self> {
         let theirs = other.stored?.four_rows?;
-        self.stored.as_mut()?.four_rows.as_mut()?.weighted_sum = theirs.weighted_sum;
+        let ours = self.stored.as_mut()?.four_rows.as_mut()?;
+        ours.weighted_sum = theirs.weighted_sum;
+        ours.scores_softmax_dim_major = theirs.scores_softmax_dim_major;
         self.name = SPLIT_512_NAME;
         Some(self)
     }
@@ -536,6 +548,80 @@ mod tests {
                         "{} sum n={n} r={r}",
                         k.name
                     );
+                }
+            }
+        }
+    }
+
+    /// The dim-major four-row scores against the token-major ones on the
+    /// same keys: every encoding, head widths of 8 to 128, blocks of 16,
+    /// 32 and 48 keys, one to three blocks, and rows whose max starts from
+    /// nothing, holds or grows. The products are summed in another order,
+    /// so scores agree to rounding.
+    #[test]
+    fn dim_major_four_row_scores_agree_with_token_major() {
+        let sets: Vec<Kernels> = all()
+            .into_iter()
+            .filter(|k| k.stored.is_some_and(|s| s.four_rows.is_some()))
+            .collect();
+        if sets.is_empty() {
+            eprintln!("no four-row kernels on this CPU: nothing to compare");
+        }
+        for k in sets {
+            let fk = k.stored.unwrap().four_rows.unwrap();
+            for (d, bt, blocks) in [
+                (8, 16, 1),
+                (16, 32, 2),
+                (24, 16, 3),
+                (128, 16, 4),
+                (40, 48, 2),
+            ] {
+                let n = bt * blocks;
+                let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
+                // Keys dim-major within each block.
+                let mut tvals = vals.clone();
+                for b in 0..blocks {
+                    for t in 0..bt {
+                        for e in 0..d {
+                            tvals[b * bt * d + e * bt + t] = vals[(b * bt + t) * d + e];
+                        }
+                    }
+                }
+                let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.7).cos() * 0.5).collect();
+                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                    let es = dtype.size_bytes();
+                    let (mut tm, mut dm) = (vec![0u8; n * d * es], vec![0u8; n * d * es]);
+                    dtype.encode_row(&vals, &mut tm).unwrap();
+                    dtype.encode_row(&tvals, &mut dm).unwrap();
+                    let tm: Vec<&[u8]> = tm.chunks(bt * d * es).collect();
+                    let dm: Vec<&[u8]> = dm.chunks(bt * d * es).collect();
+                    let ahead = vec![0u8; 4096];
+                    let ahead = [&ahead[..], &ahead[..100]];
+                    let case = format!("{} {dtype:?} d={d} bt={bt} blocks={blocks}", k.name);
+                    let max0 = [f32::NEG_INFINITY, -1.0, 10.0, 0.5];
+                    let sum0 = [0.0, 2.5, 3.0, 1.5];
+                    let run = |f: FourRowScoresSoftmaxFn, keys: &[&[u8]]| {
+                        let mut w = vec![f32::NAN; 4 * n];
+                        let (mut max, mut sum, mut rescale) = (max0, sum0, [0f32; 4]);
+                        let state = SoftmaxState {
+                            max: &mut max,
+                            sum: &mut sum,
+                            rescale: &mut rescale,
+                        };
+                        f(dtype, &q, keys, &mut w, state, &ahead);
+                        (w, max, sum, rescale)
+                    };
+                    let (w, max, sum, rescale) = run(fk.scores_softmax, &tm);
+                    let (dw, dmax, dsum, drescale) = run(fk.scores_softmax_dim_major, &dm);
+                    let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * b.abs().max(1e-3);
+                    for i in 0..4 {
+                        assert!(close(dmax[i], max[i]), "{case}: max row {i}");
+                        assert!(close(drescale[i], rescale[i]), "{case}: rescale row {i}");
+                        assert!(close(dsum[i], sum[i]), "{case}: sum row {i}");
+                    }
+                    for (j, (a, b)) in dw.iter().zip(&w).enumerate() {
+                        assert!(close(*a, *b), "{case}: weight {j}: {a} vs {b}");
+                    }
                 }
             }
         }

@@ -126,6 +126,39 @@ pub(super) fn four_row_scores(
     (d, n)
 }
 
+/// The head width `d`, block length `bt` and key count `n` of a four-row
+/// dim-major `scores_softmax` call: four query rows (`q_len` elements)
+/// against the segments of `keys`, each one whole block of `bt` keys
+/// stored `[d][bt]` (`unit` bytes per element), `bt` a multiple of 16,
+/// into `weights_len` weights and a softmax state of four rows.
+///
+/// # Panics
+/// If the segments are not whole blocks of one length, `bt` is not a
+/// multiple of 16, or any buffer is too short for those shapes.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn four_row_dim_major(
+    q_len: usize,
+    keys: &[&[u8]],
+    unit: usize,
+    weights_len: usize,
+    [max_len, sum_len, rescale_len]: [usize; 3],
+) -> (usize, usize, usize) {
+    let d = q_len / 4;
+    let block = keys.first().map_or(0, |k| k.len());
+    let bt = block / (d * unit).max(1);
+    assert!(
+        d > 0
+            && bt.is_multiple_of(16)
+            && bt * d * unit == block
+            && keys.iter().all(|k| k.len() == block),
+        "four-row dim-major kernels: segments are not whole blocks of a multiple of 16 keys"
+    );
+    let n = bt * keys.len();
+    check_softmax(weights_len, 4, n, sum_len, rescale_len);
+    assert!(max_len >= 4, "four-row scores_softmax: shapes");
+    (d, bt, n)
+}
+
 /// The head width `d` and value count `n` of a four-row `weighted_sum`
 /// call: the rows of the segments of `values` (`unit` bytes per element)
 /// into four accumulators (`acc_len` elements) with `p_len` weights.
