@@ -17,10 +17,13 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvslice_benches::decode_workload::{
-    BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, cached_tables, decode_seqs, fill, kv_bytes, layout,
+    BATCH, BLOCK, CPU_KEY_ORDER, HEAD_DIM, KV_HEADS, Q_HEADS, cached_tables, decode_seqs, fill,
+    kv_bytes, layout,
 };
-use kvslice_core::testkit::Rng;
-use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, PageBuf, PageId, SeqAttention};
+use kvslice_core::testkit::{Rng, max_rel_err};
+use kvslice_core::{
+    AttentionBatch, AttentionEngine, KeyOrder, KvDtype, PageBuf, PageId, SeqAttention,
+};
 use kvslice_cpu::{CpuEngine, Kernels, SoftmaxState};
 
 /// Sums `bytes` as u64 words with four accumulators per thread, on every
@@ -80,7 +83,10 @@ fn decode(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
     for ctx in [1024usize, 8192, 32768] {
-        let (pages, tables) = fill(ctx, false);
+        let (pages, tables) = fill(ctx, false, CPU_KEY_ORDER);
+        // The same values with keys token-major: decode over them is the
+        // row the key order is judged by, and candle copies them.
+        let (tm_pages, _) = fill(ctx, false, KeyOrder::TokenMajor);
         let kv_bytes = kv_bytes(ctx);
         g.throughput(Throughput::Bytes(kv_bytes));
         let seqs = decode_seqs(&tables, ctx);
@@ -93,6 +99,17 @@ fn decode(c: &mut Criterion) {
                 engine
                     .attend(
                         &pages,
+                        &AttentionBatch::new(0, 0, &seqs, &q, scale),
+                        &mut out,
+                    )
+                    .unwrap()
+            })
+        });
+        g.bench_function(BenchmarkId::new("kvslice_cpu_token_major", ctx), |b| {
+            b.iter(|| {
+                engine
+                    .attend(
+                        &tm_pages,
                         &AttentionBatch::new(0, 0, &seqs, &q, scale),
                         &mut out,
                     )
@@ -134,7 +151,7 @@ fn decode(c: &mut Criterion) {
             b.iter(|| black_box(stream_read(span, threads)))
         });
         #[cfg(feature = "candle")]
-        candle_peer::bench(&mut g, ctx, &pages, &tables, &q, scale);
+        candle_peer::bench(&mut g, ctx, &tm_pages, &tables, &q, scale);
         if interleaved_wanted() {
             let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
             let hot_batch = AttentionBatch::new(0, 0, &hot_seqs, &q, scale);
@@ -153,12 +170,27 @@ fn decode(c: &mut Criterion) {
             let scattered_seqs = decode_seqs(&scattered, ctx);
             let scattered_batch = AttentionBatch::new(0, 0, &scattered_seqs, &q, scale);
             let mut scattered_out = vec![0f32; q.len()];
+            // Both key orders hold the same values: their decodes agree.
+            let (mut dm_out, mut tm_out) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            engine.attend(&pages, &batch, &mut dm_out).unwrap();
+            engine.attend(&tm_pages, &batch, &mut tm_out).unwrap();
+            let tm64: Vec<f64> = tm_out.iter().map(|&x| f64::from(x)).collect();
+            let err = max_rel_err(&dm_out, &tm64);
+            assert!(err < 1e-5, "decode over dim-major keys disagrees: {err:e}");
             let mut steps: Vec<Step<'_>> = vec![
                 (
                     "decode".into(),
                     Box::new(|| {
                         engine.attend(&pages, &batch, &mut out).unwrap();
                         black_box(&out);
+                    }),
+                ),
+                // What the key order is worth, in the same rounds.
+                (
+                    "decode, token-major keys".into(),
+                    Box::new(|| {
+                        engine.attend(&tm_pages, &batch, &mut tm_out).unwrap();
+                        black_box(&tm_out);
                     }),
                 ),
                 // The compute ceiling row, in the same rounds: decode's
@@ -261,7 +293,7 @@ fn decode_small(c: &mut Criterion) {
         ("kvslice_cpu_1thread", CpuEngine::new().with_threads(1)),
     ];
     for ctx in [256usize, 1024] {
-        let (pages, tables) = fill(ctx, false);
+        let (pages, tables) = fill(ctx, false, CPU_KEY_ORDER);
         let seqs = decode_seqs(&tables[..1], ctx);
         g.throughput(Throughput::Bytes(kv_bytes(ctx) / BATCH as u64));
         let q = Rng::new(9).vec((Q_HEADS * HEAD_DIM) as usize);
@@ -616,6 +648,9 @@ mod ideal_kernel {
         set.stored = Some(StoredKernels {
             four_rows: Some(FourRowKernels {
                 scores_softmax,
+                // Both take a span's bytes segment by segment, whatever
+                // they hold.
+                scores_softmax_dim_major: scores_softmax,
                 weighted_sum,
             }),
             ..stored
@@ -802,8 +837,19 @@ fn four_row_kernels(c: &mut Criterion) {
         .encode_row(&rng.vec(KEYS * d), &mut next)
         .unwrap();
     let page = BLOCK as usize * d * 2;
-    let (k, v, next): (Vec<_>, Vec<_>, Vec<_>) = (
+    // The same keys dim-major, block by block.
+    let mut kt = k.clone();
+    for (src, dst) in k.chunks(page).zip(kt.chunks_mut(page)) {
+        for t in 0..BLOCK as usize {
+            for e in 0..d {
+                let (from, to) = (2 * (t * d + e), 2 * (e * BLOCK as usize + t));
+                dst[to..to + 2].copy_from_slice(&src[from..from + 2]);
+            }
+        }
+    }
+    let (k, kt, v, next): (Vec<_>, Vec<_>, Vec<_>, Vec<_>) = (
         k.chunks(page).collect(),
+        kt.chunks(page).collect(),
         v.chunks(page).collect(),
         next.chunks(page).collect(),
     );
@@ -839,6 +885,21 @@ fn four_row_kernels(c: &mut Criterion) {
                 black_box(&w);
             })
         });
+        g.bench_function(
+            BenchmarkId::new("scores_softmax_dim_major", set.name),
+            |b| {
+                b.iter(|| {
+                    (max, sum) = ([f32::NEG_INFINITY; 4], [0.0; 4]);
+                    let state = SoftmaxState {
+                        max: &mut max,
+                        sum: &mut sum,
+                        rescale: &mut rescale,
+                    };
+                    (fk.scores_softmax_dim_major)(KvDtype::F16, &q, &kt, &mut w, state, &next);
+                    black_box(&w);
+                })
+            },
+        );
         let mut acc = vec![0f32; 4 * d];
         g.bench_function(BenchmarkId::new("weighted_sum", set.name), |b| {
             b.iter(|| {

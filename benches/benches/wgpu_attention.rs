@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvslice_benches::decode_workload::{BATCH, HEAD_DIM, Q_HEADS, decode_seqs, fill, kv_bytes};
 use kvslice_core::testkit::Rng;
-use kvslice_core::{AttentionBatch, AttentionEngine};
+use kvslice_core::{AttentionBatch, AttentionEngine, KeyOrder};
 use kvslice_wgpu::WgpuEngine;
 
 fn contexts() -> Vec<usize> {
@@ -67,7 +67,7 @@ fn decode(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(4));
     for ctx in contexts() {
         // Shuffled tables: pages of a sequence are not one contiguous run.
-        let (host, tables) = fill(ctx, true);
+        let (host, tables) = fill(ctx, true, KeyOrder::TokenMajor);
         let pages = engine.upload(&host).expect("upload");
         drop(host);
         let kv_bytes = kv_bytes(ctx);

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use kvslice_benches::decode_workload::{
-    BATCH, HEAD_DIM, Q_HEADS, cached_tables, decode_seqs, fill, kv_bytes,
+    BATCH, CPU_KEY_ORDER, HEAD_DIM, Q_HEADS, cached_tables, decode_seqs, fill, kv_bytes,
 };
 use kvslice_core::testkit::Rng;
 use kvslice_core::{AttentionBatch, AttentionEngine};
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
         eprintln!("error: --ctx and --secs must be positive");
         return ExitCode::FAILURE;
     }
-    let (pages, tables) = fill(args.ctx, false);
+    let (pages, tables) = fill(args.ctx, false, CPU_KEY_ORDER);
     let tables = if args.cached {
         cached_tables(&tables)
     } else {

@@ -1,9 +1,13 @@
 //! The decode workload every attention benchmark measures, so the CPU and
 //! GPU numbers are comparable: 32 query heads, 8 kv heads, head_dim 128,
 //! f16 K/V in 16-token pages, a batch of 8 sequences of one context length.
+//! The CPU decodes it with keys dim-major ([`CPU_KEY_ORDER`]), the GPU
+//! token-major (the one order its shaders take); the values are the same.
 
 use kvslice_core::testkit::Rng;
-use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, PageMemoryMut, SeqAttention};
+use kvslice_core::{
+    KeyOrder, KvDtype, KvLayout, KvPart, LayoutSpec, PageBuf, PageId, PageMemoryMut, SeqAttention,
+};
 
 /// Query heads.
 pub const Q_HEADS: u32 = 32;
@@ -15,43 +19,72 @@ pub const HEAD_DIM: u32 = 128;
 pub const BLOCK: u32 = 16;
 /// Sequences per batch.
 pub const BATCH: usize = 8;
+/// The key order the CPU benches decode: kvslice-cpu's four-row kernels
+/// score dim-major keys without horizontal sums, which on a Zen 4 VM took
+/// decode from 62–80% of the read loop to 79–86% (docs/BENCHMARKS.md).
+pub const CPU_KEY_ORDER: KeyOrder = KeyOrder::DimMajor;
 
-/// The workload's layout (one layer).
+/// The workload's layout (one layer), keys token-major.
 ///
 /// ```
 /// assert_eq!(kvslice_benches::decode_workload::layout().page_bytes(), 2 * 8 * 16 * 128 * 2);
 /// ```
 pub fn layout() -> KvLayout {
-    KvLayout::new(LayoutSpec::new(
-        1,
-        Q_HEADS,
-        KV_HEADS,
-        HEAD_DIM,
-        BLOCK,
-        KvDtype::F16,
-    ))
+    layout_with(KeyOrder::TokenMajor)
+}
+
+/// The workload's layout with keys in `order`.
+pub fn layout_with(order: KeyOrder) -> KvLayout {
+    KvLayout::new(
+        LayoutSpec::new(1, Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK, KvDtype::F16).with_key_order(order),
+    )
     .expect("a valid layout")
 }
 
-/// Pages for [`BATCH`] sequences of `ctx` tokens, every value random (never
-/// zero; encoded directly, as this is setup and not what is measured), and
+/// Pages for [`BATCH`] sequences of `ctx` tokens with keys in `order`,
+/// every value random (never zero; encoded directly, as this is setup and
+/// not what is measured, and the same values whatever the order), and
 /// their block tables: consecutive pages per sequence, or a random
 /// permutation with `shuffle`.
 ///
 /// ```
-/// let (pages, tables) = kvslice_benches::decode_workload::fill(40, true);
+/// use kvslice_core::{KeyOrder, KvPart, PageId, read_head_rows};
+/// use kvslice_benches::decode_workload::fill;
+///
+/// let (pages, tables) = fill(40, true, KeyOrder::TokenMajor);
 /// assert_eq!((tables.len(), tables[0].len()), (8, 3));
+/// let (dim_major, _) = fill(40, true, KeyOrder::DimMajor);
+/// let (mut a, mut b) = (vec![0f32; 16 * 128], vec![0f32; 16 * 128]);
+/// read_head_rows(&pages, PageId(2), KvPart::K, 0, 5, &mut a)?;
+/// read_head_rows(&dim_major, PageId(2), KvPart::K, 0, 5, &mut b)?;
+/// assert_eq!(a, b);
+/// # Ok::<(), kvslice_core::Error>(())
 /// ```
-pub fn fill(ctx: usize, shuffle: bool) -> (PageBuf, Vec<Vec<PageId>>) {
-    let l = layout();
+pub fn fill(ctx: usize, shuffle: bool, order: KeyOrder) -> (PageBuf, Vec<Vec<PageId>>) {
+    let l = layout_with(order);
     let per_seq = ctx.div_ceil(BLOCK as usize);
     let total = per_seq * BATCH;
     let mut pages = PageBuf::new(l, total as u32).expect("pages");
     let mut rng = Rng::new(ctx as u64);
     let mut vals = vec![0f32; l.page_elems()];
+    let mut drawn = vals.clone();
     let mut bytes = vec![0u8; l.page_bytes()];
+    let (bt, hd) = (BLOCK as usize, HEAD_DIM as usize);
     for p in 0..total as u32 {
-        vals.iter_mut().for_each(|v| *v = rng.unit());
+        // Drawn token-major, then each key put where the order keeps it.
+        drawn.iter_mut().for_each(|v| *v = rng.unit());
+        vals.copy_from_slice(&drawn);
+        if order == KeyOrder::DimMajor {
+            for h in 0..KV_HEADS {
+                let r = l.head_region(KvPart::K, 0, h).expect("head");
+                for t in 0..bt {
+                    for d in 0..hd {
+                        vals[r.start + l.elem_offset(KvPart::K, t, d)] =
+                            drawn[r.start + t * hd + d];
+                    }
+                }
+            }
+        }
         KvDtype::F16.encode_row(&vals, &mut bytes).expect("encode");
         pages
             .page_mut(PageId(p))
