@@ -5,15 +5,17 @@
 //! horizontal sum are [`super::avx2`]'s. The four-row decode kernels
 //! follow AVX2's scheme with four keys per score group and 64 columns per
 //! weighted-sum pass, and add up every score and weighted sum in the same
-//! order as this set's general kernels, so the two paths agree to the bit.
+//! order as this set's general kernels, so the two paths agree to the bit;
+//! the scores of dim-major keys sum each key's products in element order
+//! instead, and agree to rounding.
 //!
 //! CI has no AVX-512 CPU: these kernels are tested under Bochs's AVX-512
 //! emulation (`.ci/avx512-emulated.sh`), which runs this crate's tests with
 //! `KVSLICE_REQUIRE_KERNELS` naming this set. The one AVX-512 CPU they
 //! have been timed on, an AMD Zen 4, ran them slower than the AVX2 set
 //! before both paired their prefetches with the segments, and level with
-//! it since, except this set's four-row weighted sum, so there the set
-//! run first is AVX2's with that sum ([`splits_512_bit_ops`]).
+//! it since, except this set's four-row weighted sum and dim-major scores,
+//! so there the set run first is AVX2's with those ([`splits_512_bit_ops`]).
 
 use std::arch::x86_64::*;
 
@@ -391,10 +393,10 @@ fn four_row_scores_softmax_dim_major(
 /// ([`avx2::dim_major_weights`] for the softmax) with a group's 16 keys in
 /// one register per row, two elements per step into eight accumulators
 /// (four chains per element hide the FMA latency). On a Zen 4, where
-/// 512-bit operations take two passes, it ran scores and softmax at 10.8
-/// ns per key against AVX2's 12.0 and 13.0 for the token-major kernel
-/// (64 cache-resident f16 keys of 128 elements, one thread; the FMA floor
-/// was 9.1).
+/// 512-bit operations take two passes, the four-row bench (64
+/// cache-resident f16 keys of 128 elements, one thread) ran its scores
+/// and softmax at 11.8 ns per key, AVX2's dim-major kernel at 12.1 and
+/// AVX2's token-major one at 13.6 (FMA floor 8.8; docs/BENCHMARKS.md).
 ///
 /// # Safety
 /// `q` is valid for `4·d` reads, each segment of `keys` is one block of

@@ -53,7 +53,8 @@ pub type FourRowScoresSoftmaxFn =
 pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[&[u8]], &mut [f32], &[&[u8]]);
 
 /// Name of the set AMD Zen 4 runs first ([`Kernels::supported`]): AVX2's
-/// kernels with AVX-512's four-row weighted sum. There AVX-512's scores
+/// kernels with AVX-512's four-row weighted sum and dim-major scores
+/// (11.8 ns per key there against AVX2's 12.1). There AVX-512's scores
 /// run no faster than AVX2's (each 512-bit operation takes two passes
 /// through 256-bit units, and its 512-bit horizontal sums cost more),
 /// but its weighted sum (two 64-column passes over each key's values,
