@@ -872,34 +872,25 @@ fn four_row_kernels(c: &mut Criterion) {
         };
         let mut w = vec![0f32; 4 * KEYS];
         let (mut max, mut sum, mut rescale) = ([0f32; 4], [0f32; 4], [0f32; 4]);
-        g.bench_function(BenchmarkId::new("scores_softmax", set.name), |b| {
-            b.iter(|| {
-                // A fresh state each call, so that the sums stay finite.
-                (max, sum) = ([f32::NEG_INFINITY; 4], [0.0; 4]);
-                let state = SoftmaxState {
-                    max: &mut max,
-                    sum: &mut sum,
-                    rescale: &mut rescale,
-                };
-                (fk.scores_softmax)(KvDtype::F16, &q, &k, &mut w, state, &next);
-                black_box(&w);
-            })
-        });
-        g.bench_function(
-            BenchmarkId::new("scores_softmax_dim_major", set.name),
-            |b| {
+        // The same keys token-major and dim-major.
+        for (what, scores_softmax, keys) in [
+            ("scores_softmax", fk.scores_softmax, &k),
+            ("scores_softmax_dim_major", fk.scores_softmax_dim_major, &kt),
+        ] {
+            g.bench_function(BenchmarkId::new(what, set.name), |b| {
                 b.iter(|| {
+                    // A fresh state each call, so that the sums stay finite.
                     (max, sum) = ([f32::NEG_INFINITY; 4], [0.0; 4]);
                     let state = SoftmaxState {
                         max: &mut max,
                         sum: &mut sum,
                         rescale: &mut rescale,
                     };
-                    (fk.scores_softmax_dim_major)(KvDtype::F16, &q, &kt, &mut w, state, &next);
+                    scores_softmax(KvDtype::F16, &q, keys, &mut w, state, &next);
                     black_box(&w);
                 })
-            },
-        );
+            });
+        }
         let mut acc = vec![0f32; 4 * d];
         g.bench_function(BenchmarkId::new("weighted_sum", set.name), |b| {
             b.iter(|| {

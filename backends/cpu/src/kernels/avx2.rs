@@ -438,6 +438,37 @@ fn four_row_scores_softmax_dim_major(
     q: &[f32],
     keys: &[&[u8]],
     weights: &mut [f32],
+    state: SoftmaxState<'_>,
+    ahead: &[&[u8]],
+) {
+    let kernels: [DimMajorKernel; 3] = [
+        dim_major_scores_softmax_avx2::<F32>,
+        dim_major_scores_softmax_avx2::<F16>,
+        dim_major_scores_softmax_avx2::<BF16>,
+    ];
+    // SAFETY: these are this set's kernels, whose table exists only after
+    // AVX2, FMA and F16C were detected.
+    unsafe { dim_major_call(kernels, dtype, q, keys, weights, state, ahead) }
+}
+
+/// A dim-major four-row scores kernel for one encoding, with the contract
+/// of [`dim_major_scores_softmax_avx2`].
+pub(super) type DimMajorKernel =
+    unsafe fn(*const f32, &[&[u8]], usize, usize, *mut f32, [*mut f32; 3], Paired<'_>);
+
+/// [`FourRowKernels::scores_softmax_dim_major`] for a set whose kernels
+/// for f32, f16 and bf16 are `kernels`: the shape checks, then the kernel
+/// for `dtype`.
+///
+/// # Safety
+/// Each of `kernels` keeps [`DimMajorKernel`]'s contract for its encoding
+/// given the shapes checked here, and the CPU has the features it needs.
+pub(super) unsafe fn dim_major_call(
+    kernels: [DimMajorKernel; 3],
+    dtype: KvDtype,
+    q: &[f32],
+    keys: &[&[u8]],
+    weights: &mut [f32],
     mut state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
@@ -445,17 +476,16 @@ fn four_row_scores_softmax_dim_major(
     let (d, bt, _) = shapes::four_row_dim_major(q.len(), keys, size, weights.len(), state.lens());
     let ahead = Paired::new(ahead);
     let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
-    // SAFETY: the checks above bound every access made below (each segment
-    // of `keys` one block of `bt` keys of `d` elements of `dtype`, `bt` a
-    // multiple of 16, `weights` `4·n`, the state four rows); AVX2, FMA and
-    // F16C are present.
-    unsafe {
-        match dtype {
-            KvDtype::F32 => dim_major_scores_softmax_avx2::<F32>(q, keys, d, bt, w, state, ahead),
-            KvDtype::F16 => dim_major_scores_softmax_avx2::<F16>(q, keys, d, bt, w, state, ahead),
-            KvDtype::Bf16 => dim_major_scores_softmax_avx2::<BF16>(q, keys, d, bt, w, state, ahead),
-        }
-    }
+    let kernel = match dtype {
+        KvDtype::F32 => kernels[0],
+        KvDtype::F16 => kernels[1],
+        KvDtype::Bf16 => kernels[2],
+    };
+    // SAFETY: the checks above bound every access the kernel makes (each
+    // segment of `keys` one block of `bt` keys of `d` elements of `dtype`,
+    // `bt` a multiple of 16, `weights` `4·n`, the state four rows); the
+    // kernel for `dtype` and the CPU's features are the caller's contract.
+    unsafe { kernel(q, keys, d, bt, w, state, ahead) }
 }
 
 fn four_row_weighted_sum(

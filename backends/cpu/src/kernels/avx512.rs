@@ -369,24 +369,17 @@ fn four_row_scores_softmax_dim_major(
     q: &[f32],
     keys: &[&[u8]],
     weights: &mut [f32],
-    mut state: SoftmaxState<'_>,
+    state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
-    let size = dtype.size_bytes();
-    let (d, bt, _) = shapes::four_row_dim_major(q.len(), keys, size, weights.len(), state.lens());
-    let ahead = Paired::new(ahead);
-    let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
-    // SAFETY: the checks above bound every access made below (each segment
-    // of `keys` one block of `bt` keys of `d` elements of `dtype`, `bt` a
-    // multiple of 16, `weights` `4·n`, the state four rows); AVX-512 F, BW
-    // and VL, AVX2, FMA and F16C are present.
-    unsafe {
-        match dtype {
-            KvDtype::F32 => dim_major_avx512::<{ avx2::F32 }>(q, keys, d, bt, w, state, ahead),
-            KvDtype::F16 => dim_major_avx512::<{ avx2::F16 }>(q, keys, d, bt, w, state, ahead),
-            KvDtype::Bf16 => dim_major_avx512::<{ avx2::BF16 }>(q, keys, d, bt, w, state, ahead),
-        }
-    }
+    let kernels: [avx2::DimMajorKernel; 3] = [
+        dim_major_avx512::<{ avx2::F32 }>,
+        dim_major_avx512::<{ avx2::F16 }>,
+        dim_major_avx512::<{ avx2::BF16 }>,
+    ];
+    // SAFETY: these are this set's kernels, whose table exists only after
+    // AVX-512 F, BW and VL, AVX2, FMA and F16C were detected.
+    unsafe { avx2::dim_major_call(kernels, dtype, q, keys, weights, state, ahead) }
 }
 
 /// [`FourRowKernels::scores_softmax_dim_major`]: AVX2's scheme

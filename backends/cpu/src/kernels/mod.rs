@@ -561,14 +561,7 @@ mod tests {
     /// so scores agree to rounding.
     #[test]
     fn dim_major_four_row_scores_agree_with_token_major() {
-        let sets: Vec<Kernels> = all()
-            .into_iter()
-            .filter(|k| k.stored.is_some_and(|s| s.four_rows.is_some()))
-            .collect();
-        if sets.is_empty() {
-            eprintln!("no four-row kernels on this CPU: nothing to compare");
-        }
-        for k in sets {
+        for k in four_row_sets() {
             let fk = k.stored.unwrap().four_rows.unwrap();
             for (d, bt, blocks) in [
                 (8, 16, 1),
@@ -634,8 +627,8 @@ mod tests {
     /// way the key groups split them, those keys as one segment or cut
     /// into blocks (of 1, 16 or 5 keys and a shorter last one), and rows
     /// whose max starts from nothing, holds or grows.
-    #[test]
-    fn four_row_kernels_agree_with_the_general_path() {
+    /// The sets this CPU runs that have four-row kernels (none says so).
+    fn four_row_sets() -> Vec<Kernels> {
         let sets: Vec<Kernels> = all()
             .into_iter()
             .filter(|k| k.stored.is_some_and(|s| s.four_rows.is_some()))
@@ -643,7 +636,12 @@ mod tests {
         if sets.is_empty() {
             eprintln!("no four-row kernels on this CPU: nothing to compare");
         }
-        for k in sets {
+        sets
+    }
+
+    #[test]
+    fn four_row_kernels_agree_with_the_general_path() {
+        for k in four_row_sets() {
             let (sk, fk) = (k.stored.unwrap(), k.stored.unwrap().four_rows.unwrap());
             for d in [8usize, 16, 24, 40, 64, 72, 128] {
                 for n in [1usize, 2, 3, 4, 5, 6, 7, 16, 17, 64] {
