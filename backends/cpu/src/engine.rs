@@ -17,7 +17,9 @@ use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
 /// every query head of the GQA group and every query token, with an online
 /// (streaming) softmax: decode (up to four query rows per kv head) converts
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row sets
-/// widen them to f32 once per span of blocks (below). Four rows that all
+/// widen them to f32 once per span of blocks (below), and so do dim-major
+/// keys ([`kvslice_core::KeyOrder`]) except where the four-row kernels
+/// take them. Four rows that all
 /// see a whole block (GQA decode with four query heads per kv head; also
 /// two tokens of GQA 2, or four of one head, off the causal diagonal) take
 /// its scores and softmax in one call where the kernels have it
@@ -526,13 +528,17 @@ impl CpuEngine {
         // Keys before this position are seen by every row (the first
         // query token's causal limit).
         let seen_by_all = (seq.kv_len + 1).saturating_sub(seq.q_len);
+        // Dim-major keys reach the four-row kernels in whole blocks only,
+        // so a partial last block (most decode steps have one) is a span
+        // of its own rather than sending the whole span the slow way.
+        let dim_major = layout.key_order() == KeyOrder::DimMajor;
         // Where the span that starts at `pos` ends: whole blocks while
         // every row sees them, at least one block.
         let span_end = |pos: usize| {
             let mut end = ((pos / bt + 1) * bt).min(t.end);
             for _ in 1..max_blocks {
                 let more = (end + bt).min(t.end);
-                if end == t.end || more > seen_by_all {
+                if end == t.end || more > seen_by_all || (dim_major && more - end < bt) {
                     break;
                 }
                 end = more;
@@ -552,7 +558,6 @@ impl CpuEngine {
         // Dim-major keys are read as whole blocks (the kernels index their
         // columns), and widened through one block's transpose where the
         // four-row kernels do not take them.
-        let dim_major = layout.key_order() == KeyOrder::DimMajor;
         if dim_major {
             scratch.block.resize(bt * hd, 0.0);
         }

@@ -52,9 +52,12 @@ pub enum KeyOrder {
     TokenMajor,
     /// `[head_dim][token]`: each element's values over the block's tokens
     /// contiguous, so that a SIMD kernel scores a vector of keys per
-    /// instruction with no horizontal sums (vLLM's CUDA key cache splits
-    /// its blocks the same way). kvslice-cpu's four-row decode kernels
-    /// take it; the wgpu engine does not yet.
+    /// instruction with no horizontal sums (vLLM's CUDA key cache is
+    /// transposed in part for the same reason, `[head_dim / x][token][x]`
+    /// with 16-byte `x`). kvslice-cpu's four-row decode kernels take it in
+    /// whole blocks of a multiple of 16 tokens (GQA groups of four); other
+    /// shapes and kernel sets widen it through a transpose, slower than
+    /// token-major keys. The wgpu engine does not take it yet.
     DimMajor,
 }
 
@@ -331,8 +334,13 @@ impl KvLayout {
 
     /// Offset of element `dim` of token `slot` of a block inside one
     /// head's region of `part` ([`Self::head_region`]): `slot · head_dim +
-    /// dim`, or `dim · block_tokens + slot` for dim-major keys.
+    /// dim`, or `dim · block_tokens + slot` for dim-major keys. `slot` is
+    /// below `block_tokens` and `dim` below `head_dim`.
     pub fn elem_offset(&self, part: KvPart, slot: usize, dim: usize) -> usize {
+        debug_assert!(
+            slot < self.spec.block_tokens as usize && dim < self.spec.head_dim as usize,
+            "element {dim} of token {slot} is outside a block"
+        );
         match (part, self.spec.key_order) {
             (KvPart::K, KeyOrder::DimMajor) => dim * self.spec.block_tokens as usize + slot,
             _ => slot * self.spec.head_dim as usize + dim,

@@ -6,8 +6,8 @@
 //! follow AVX2's scheme with four keys per score group and 64 columns per
 //! weighted-sum pass, and add up every score and weighted sum in the same
 //! order as this set's general kernels, so the two paths agree to the bit;
-//! the scores of dim-major keys sum each key's products in element order
-//! instead, and agree to rounding.
+//! the scores of dim-major keys sum each key's products in two chains
+//! (even and odd elements) instead, and agree to rounding.
 //!
 //! CI has no AVX-512 CPU: these kernels are tested under Bochs's AVX-512
 //! emulation (`.ci/avx512-emulated.sh`), which runs this crate's tests with

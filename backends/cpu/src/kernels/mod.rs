@@ -199,7 +199,7 @@ pub struct FourRowKernels {
     /// ([`kvslice_core::KeyOrder::DimMajor`]): each segment of `keys` is
     /// one whole block of `bt` keys stored `[d][bt]`, `bt` a multiple of
     /// 16. Leaves the same weights and state, prefetching `ahead` over the
-    /// same bytes.
+    /// same bytes (to rounding: the products are summed in another order).
     ///
     /// # Panics
     /// If the segments are not whole blocks of one length, `bt` is not a
@@ -342,7 +342,7 @@ mod tests {
             assert_eq!(
                 names[..3],
                 [SPLIT_512_NAME, avx2::kernels().unwrap().name, avx512::NAME],
-                "Zen 4 takes AVX2's set with AVX-512's weighted sum first"
+                "Zen 4 takes AVX2's set with AVX-512's weighted sum and dim-major scores first"
             );
         } else {
             assert!(!names.contains(&SPLIT_512_NAME), "{names:?}");
@@ -621,12 +621,6 @@ mod tests {
         }
     }
 
-    /// The four-row kernels (where the ISA has them) against the general
-    /// path they replace, scores, `softmax_rows` and the weighted sum with
-    /// row-major weights, for every encoding, key counts that split every
-    /// way the key groups split them, those keys as one segment or cut
-    /// into blocks (of 1, 16 or 5 keys and a shorter last one), and rows
-    /// whose max starts from nothing, holds or grows.
     /// The sets this CPU runs that have four-row kernels (none says so).
     fn four_row_sets() -> Vec<Kernels> {
         let sets: Vec<Kernels> = all()
@@ -639,6 +633,12 @@ mod tests {
         sets
     }
 
+    /// The four-row kernels (where the ISA has them) against the general
+    /// path they replace, scores, `softmax_rows` and the weighted sum with
+    /// row-major weights, for every encoding, key counts that split every
+    /// way the key groups split them, those keys as one segment or cut
+    /// into blocks (of 1, 16 or 5 keys and a shorter last one), and rows
+    /// whose max starts from nothing, holds or grows.
     #[test]
     fn four_row_kernels_agree_with_the_general_path() {
         for k in four_row_sets() {

@@ -153,7 +153,9 @@ pub(super) fn four_row_dim_major(
             && keys.iter().all(|k| k.len() == block),
         "four-row dim-major kernels: segments are not whole blocks of a multiple of 16 keys"
     );
-    let n = bt * keys.len();
+    let n = bt
+        .checked_mul(keys.len())
+        .expect("four-row dim-major kernels: key count overflows");
     check_softmax(weights_len, 4, n, sum_len, rescale_len);
     assert!(max_len >= 4, "four-row scores_softmax: shapes");
     (d, bt, n)
