@@ -155,6 +155,12 @@ fn decode(c: &mut Criterion) {
         if interleaved_wanted() {
             let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
             let hot_batch = AttentionBatch::new(0, 0, &hot_seqs, &q, scale);
+            // Eight tokens fewer, so that each sequence's last block is
+            // half full, as most decode steps' are (0.1% fewer bytes at
+            // 8k than the read loop's, which the ratio ignores).
+            let partial_seqs = decode_seqs(&tables, ctx - 8);
+            let partial_batch = AttentionBatch::new(0, 0, &partial_seqs, &q, scale);
+            let mut partial_out = vec![0f32; q.len()];
             let mut hot_out = vec![0f32; q.len()];
             let blockwise = CpuEngine::new().with_span_keys(0);
             let mut block_out = vec![0f32; q.len()];
@@ -209,6 +215,15 @@ fn decode(c: &mut Criterion) {
                     Box::new(|| {
                         blockwise.attend(&pages, &batch, &mut block_out).unwrap();
                         black_box(&block_out);
+                    }),
+                ),
+                (
+                    "decode, last block half full".into(),
+                    Box::new(|| {
+                        engine
+                            .attend(&pages, &partial_batch, &mut partial_out)
+                            .unwrap();
+                        black_box(&partial_out);
                     }),
                 ),
                 (

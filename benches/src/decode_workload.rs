@@ -20,10 +20,11 @@ pub const BLOCK: u32 = 16;
 /// Sequences per batch.
 pub const BATCH: usize = 8;
 /// The key order the CPU benches decode: kvslice-cpu's four-row kernels
-/// score dim-major keys without horizontal sums. On a Zen 4 VM decode over
-/// them read a median 81.5% and 83% of the read loop at 8k and 32k over
-/// eight interleaved runs, where token-major decode had read 69.5% and
-/// 73.5% over eighteen (docs/BENCHMARKS.md).
+/// score dim-major keys without horizontal sums, 11.8 ns per key against
+/// 13.1 token-major on a Zen 4 VM. There, over eight interleaved runs,
+/// decode over them read a median 81.5% and 83% of the read loop at 8k
+/// and 32k, and token-major keys 79% and 78.5% in the same rounds, from a
+/// pool placed where decode ran faster (docs/BENCHMARKS.md).
 pub const CPU_KEY_ORDER: KeyOrder = KeyOrder::DimMajor;
 
 /// The workload's layout (one layer), keys token-major.
