@@ -20,7 +20,7 @@ use kvslice_benches::decode_workload::{
     BATCH, BLOCK, CPU_KEY_ORDER, HEAD_DIM, KV_HEADS, Q_HEADS, cached_tables, decode_seqs, fill,
     kv_bytes, layout,
 };
-use kvslice_core::testkit::{Rng, max_rel_err};
+use kvslice_core::testkit::{Rng, dim_major_blocks, max_rel_err};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, KeyOrder, KvDtype, PageBuf, PageId, SeqAttention,
 };
@@ -846,22 +846,18 @@ fn four_row_kernels(c: &mut Criterion) {
     let mut k = vec![0u8; KEYS * d * 2];
     let mut v = vec![0u8; KEYS * d * 2];
     let mut next = vec![0u8; KEYS * d * 2];
-    KvDtype::F16.encode_row(&rng.vec(KEYS * d), &mut k).unwrap();
+    let kf = rng.vec(KEYS * d);
+    KvDtype::F16.encode_row(&kf, &mut k).unwrap();
     KvDtype::F16.encode_row(&rng.vec(KEYS * d), &mut v).unwrap();
     KvDtype::F16
         .encode_row(&rng.vec(KEYS * d), &mut next)
         .unwrap();
     let page = BLOCK as usize * d * 2;
     // The same keys dim-major, block by block.
-    let mut kt = k.clone();
-    for (src, dst) in k.chunks(page).zip(kt.chunks_mut(page)) {
-        for t in 0..BLOCK as usize {
-            for e in 0..d {
-                let (from, to) = (2 * (t * d + e), 2 * (e * BLOCK as usize + t));
-                dst[to..to + 2].copy_from_slice(&src[from..from + 2]);
-            }
-        }
-    }
+    let mut kt = vec![0u8; KEYS * d * 2];
+    KvDtype::F16
+        .encode_row(&dim_major_blocks(&kf, BLOCK as usize, d), &mut kt)
+        .unwrap();
     let (k, kt, v, next): (Vec<_>, Vec<_>, Vec<_>, Vec<_>) = (
         k.chunks(page).collect(),
         kt.chunks(page).collect(),

@@ -4,7 +4,7 @@
 //! The CPU decodes it with keys dim-major ([`CPU_KEY_ORDER`]), the GPU
 //! token-major (the one order its shaders take); the values are the same.
 
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{Rng, dim_major_blocks};
 use kvslice_core::{
     KeyOrder, KvDtype, KvLayout, KvPart, LayoutSpec, PageBuf, PageId, PageMemoryMut, SeqAttention,
 };
@@ -70,22 +70,15 @@ pub fn fill(ctx: usize, shuffle: bool, order: KeyOrder) -> (PageBuf, Vec<Vec<Pag
     let mut pages = PageBuf::new(l, total as u32).expect("pages");
     let mut rng = Rng::new(ctx as u64);
     let mut vals = vec![0f32; l.page_elems()];
-    let mut drawn = vals.clone();
     let mut bytes = vec![0u8; l.page_bytes()];
-    let (bt, hd) = (BLOCK as usize, HEAD_DIM as usize);
     for p in 0..total as u32 {
-        // Drawn token-major, then each key put where the order keeps it.
-        drawn.iter_mut().for_each(|v| *v = rng.unit());
-        vals.copy_from_slice(&drawn);
+        // Drawn token-major, then each head's keys put in the order's place.
+        vals.iter_mut().for_each(|v| *v = rng.unit());
         if order == KeyOrder::DimMajor {
             for h in 0..KV_HEADS {
                 let r = l.head_region(KvPart::K, 0, h).expect("head");
-                for t in 0..bt {
-                    for d in 0..hd {
-                        vals[r.start + l.elem_offset(KvPart::K, t, d)] =
-                            drawn[r.start + t * hd + d];
-                    }
-                }
+                let keys = dim_major_blocks(&vals[r.clone()], BLOCK as usize, HEAD_DIM as usize);
+                vals[r].copy_from_slice(&keys);
             }
         }
         KvDtype::F16.encode_row(&vals, &mut bytes).expect("encode");

@@ -264,6 +264,38 @@ impl Scenario {
     }
 }
 
+/// `vals`, whole blocks of `block_tokens` keys of `head_dim` elements each
+/// stored token-major, with every block's keys reordered dim-major
+/// ([`KeyOrder::DimMajor`](crate::KeyOrder)): what a dim-major page region
+/// holds for the same keys.
+///
+/// ```
+/// // Two blocks of two keys of three elements.
+/// let keys = [0., 1., 2., 10., 11., 12., 20., 21., 22., 30., 31., 32.];
+/// let dm = kvslice_core::testkit::dim_major_blocks(&keys, 2, 3);
+/// assert_eq!(dm, [0., 10., 1., 11., 2., 12., 20., 30., 21., 31., 22., 32.]);
+/// ```
+///
+/// # Panics
+/// If `vals` is not whole blocks.
+pub fn dim_major_blocks(vals: &[f32], block_tokens: usize, head_dim: usize) -> Vec<f32> {
+    let block = block_tokens * head_dim;
+    assert!(
+        block > 0 && vals.len().is_multiple_of(block),
+        "dim_major_blocks: {} values are not whole blocks of {block_tokens} × {head_dim}",
+        vals.len()
+    );
+    let mut out = vec![0f32; vals.len()];
+    for (src, dst) in vals.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
+        for (t, key) in src.chunks_exact(head_dim).enumerate() {
+            for (c, &x) in key.iter().enumerate() {
+                dst[c * block_tokens + t] = x;
+            }
+        }
+    }
+    out
+}
+
 /// Largest absolute difference over the largest magnitude of the oracle:
 /// relative error in the max norm. NaN anywhere in `got` gives infinity.
 pub fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {

@@ -573,14 +573,7 @@ mod tests {
                 let n = bt * blocks;
                 let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
                 // Keys dim-major within each block.
-                let mut tvals = vals.clone();
-                for b in 0..blocks {
-                    for t in 0..bt {
-                        for e in 0..d {
-                            tvals[b * bt * d + e * bt + t] = vals[(b * bt + t) * d + e];
-                        }
-                    }
-                }
+                let tvals = kvslice_core::testkit::dim_major_blocks(&vals, bt, d);
                 let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.7).cos() * 0.5).collect();
                 for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
                     let es = dtype.size_bytes();
