@@ -259,8 +259,9 @@ fn serve<'s, E: EvictionPolicy>(
 ) -> Result<(), Error> {
     before_request(index);
     let guard = store.pin();
+    let req = store.begin_request();
     let t0 = Instant::now();
-    let hits = store.lookup_prefix(keys, input_length as usize, &guard, held)?;
+    let hits = store.lookup_prefix(&req, keys, input_length as usize, &guard, held)?;
     lat.push(t0.elapsed().as_nanos() as u64);
     let missing = (keys.len() - hits) as u32;
     if missing > 0 {
@@ -270,7 +271,7 @@ fn serve<'s, E: EvictionPolicy>(
                 for (key, page) in keys[hits..].iter().zip(pages) {
                     let start = u64::from(key.block_index) * bt;
                     let valid = (input_length - start).min(bt) as u32;
-                    let r = store.publish(page, *key, held.last(), valid, &guard)?;
+                    let r = store.publish(&req, page, *key, held.last(), valid, &guard)?;
                     held.push(r);
                 }
             }
@@ -281,5 +282,5 @@ fn serve<'s, E: EvictionPolicy>(
         }
     }
     held.clear();
-    Ok(())
+    store.end_request(req)
 }

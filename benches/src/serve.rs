@@ -172,7 +172,9 @@ where
         // always recomputed, since its logits start decoding.
         let cacheable = (tokens.len() - 1) / bt;
         let mut held: Vec<PageRef<'_, 'static>> = Vec::new();
-        let hits = store.lookup_prefix(&keys[..cacheable], cacheable * bt, &guard, &mut held)?;
+        let req = store.begin_request();
+        let hits =
+            store.lookup_prefix(&req, &keys[..cacheable], cacheable * bt, &guard, &mut held)?;
         let need = (tokens.len() + cfg.decode_steps).div_ceil(bt) - hits;
         let mut fresh: Vec<PageMut<'_, 'static>> = store.allocate(need as u32, &guard)?;
         let table: Vec<PageId> = held
@@ -200,10 +202,11 @@ where
         let full = tokens.len() / bt;
         for (i, page) in (hits..).zip(fresh) {
             if i < full {
-                let r = store.publish(page, keys[i], held.last(), BLOCK_TOKENS, &guard)?;
+                let r = store.publish(&req, page, keys[i], held.last(), BLOCK_TOKENS, &guard)?;
                 held.push(r);
             }
         }
+        store.end_request(req)?;
         reused_tokens += start;
         looked_up += cacheable;
         hit_blocks += hits;

@@ -74,7 +74,7 @@ pub use pool::{
     AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, PageView, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
-pub use store::{CacheStore, Priority, StoreStats};
+pub use store::{CacheStore, Priority, RequestTicket, StoreStats};
 
 /// The README's example runs as a doctest.
 #[cfg(doctest)]

@@ -32,13 +32,14 @@ fn serve<'s, E: EvictionPolicy>(
     keys: &[SliceKey],
 ) -> Result<Vec<PageRef<'s, 'static>>, Error> {
     let guard = store.pin();
+    let req = store.begin_request();
     let mut held = Vec::new();
-    let hits = store.lookup_prefix(keys, keys.len() * BT as usize, &guard, &mut held)?;
+    let hits = store.lookup_prefix(&req, keys, keys.len() * BT as usize, &guard, &mut held)?;
     let pages = store.allocate((keys.len() - hits) as u32, &guard)?;
     for (key, mut page) in keys[hits..].iter().zip(pages) {
         page.bytes_mut()[0] = key.block_index as u8;
         let parent = held.last();
-        let r = store.publish(page, *key, parent, BT, &guard)?;
+        let r = store.publish(&req, page, *key, parent, BT, &guard)?;
         held.push(r);
     }
     Ok(held)
@@ -50,11 +51,17 @@ fn lookup_returns_the_longest_cached_prefix() {
     let a = chain(1, 4);
     drop(serve(&store, &a).unwrap());
     let guard = store.pin();
+    let req = store.begin_request();
     let mut held = Vec::new();
     // Same first 3 blocks, different 4th: 3 hits.
     let mut b = a.clone();
     b[3] = chain(2, 4)[3];
-    assert_eq!(store.lookup_prefix(&b, 16, &guard, &mut held).unwrap(), 3);
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &b, 16, &guard, &mut held)
+            .unwrap(),
+        3
+    );
     assert!(
         held.iter()
             .zip(&a)
@@ -64,7 +71,12 @@ fn lookup_returns_the_longest_cached_prefix() {
     let mut c = a.clone();
     c[1] = chain(3, 2)[1];
     held.clear();
-    assert_eq!(store.lookup_prefix(&c, 16, &guard, &mut held).unwrap(), 1);
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &c, 16, &guard, &mut held)
+            .unwrap(),
+        1
+    );
     let s = store.stats();
     assert_eq!(
         (s.lookups, s.hit_blocks, s.miss_blocks),
@@ -78,10 +90,11 @@ fn duplicate_publish_keeps_one_page_and_both_hold_it() {
     let store = CacheStore::new(layout(), 4, ClockPolicy::new(4)).unwrap();
     let key = chain(1, 1)[0];
     let guard = store.pin();
+    let req = store.begin_request();
     let mut pages = store.allocate(2, &guard).unwrap();
     let (p2, p1) = (pages.pop().unwrap(), pages.pop().unwrap());
-    let first = store.publish(p1, key, None, BT, &guard).unwrap();
-    let second = store.publish(p2, key, None, BT, &guard).unwrap();
+    let first = store.publish(&req, p1, key, None, BT, &guard).unwrap();
+    let second = store.publish(&req, p2, key, None, BT, &guard).unwrap();
     assert_eq!(first.handle(), second.handle());
     assert_eq!(
         store.pool().free_pages(),
@@ -100,11 +113,14 @@ fn eviction_respects_references_parents_and_pins() {
     let b = chain(2, 3);
     drop(serve(&store, &b).unwrap());
     let guard = store.pin();
+    let req = store.begin_request();
     // Pool full. `a` is referenced, so only `b`'s pages can go, leaf first.
     let pages = store.allocate(1, &guard).unwrap();
     let mut held = Vec::new();
     assert_eq!(
-        store.lookup_prefix(&b, 12, &guard, &mut held).unwrap(),
+        store
+            .lookup_prefix(&req, &b, 12, &guard, &mut held)
+            .unwrap(),
         2,
         "b's leaf went first"
     );
@@ -120,7 +136,12 @@ fn eviction_respects_references_parents_and_pins() {
     ));
     drop(two);
     let mut held = Vec::new();
-    assert_eq!(store.lookup_prefix(&b, 12, &guard, &mut held).unwrap(), 1);
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &b, 12, &guard, &mut held)
+            .unwrap(),
+        1
+    );
     drop(held);
     drop(held_a);
     // Unreferenced now: a's pages are evictable, leaf first.
@@ -129,7 +150,9 @@ fn eviction_respects_references_parents_and_pins() {
     drop(three);
     let mut held = Vec::new();
     assert_eq!(
-        store.lookup_prefix(&b, 12, &guard, &mut held).unwrap(),
+        store
+            .lookup_prefix(&req, &b, 12, &guard, &mut held)
+            .unwrap(),
         1,
         "pinned b[0] survived"
     );
@@ -143,13 +166,19 @@ fn high_priority_goes_only_after_normal_pages() {
     drop(serve(&store, &sys).unwrap());
     drop(serve(&store, &user).unwrap());
     let guard = store.pin();
+    let req = store.begin_request();
     store.set_priority(&sys[0], Priority::High, &guard).unwrap();
     let one = store.allocate(1, &guard).unwrap();
     let mut held = Vec::new();
-    assert_eq!(store.lookup_prefix(&sys, 4, &guard, &mut held).unwrap(), 1);
     assert_eq!(
         store
-            .lookup_prefix(&user, 4, &guard, &mut Vec::new())
+            .lookup_prefix(&req, &sys, 4, &guard, &mut held)
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &user, 4, &guard, &mut Vec::new())
             .unwrap(),
         0
     );
@@ -157,7 +186,7 @@ fn high_priority_goes_only_after_normal_pages() {
     let two = store.allocate(1, &guard).unwrap();
     assert_eq!(
         store
-            .lookup_prefix(&sys, 4, &guard, &mut Vec::new())
+            .lookup_prefix(&req, &sys, 4, &guard, &mut Vec::new())
             .unwrap(),
         0
     );
@@ -172,6 +201,7 @@ fn failed_allocate_leaves_the_store_as_it_was() {
     let b = chain(2, 2);
     drop(serve(&store, &b).unwrap());
     let guard = store.pin();
+    let req = store.begin_request();
     let before: Vec<_> = (0..5)
         .map(|i| store.pool().page_info(PageId(i)).unwrap())
         .collect();
@@ -185,7 +215,9 @@ fn failed_allocate_leaves_the_store_as_it_was() {
         .collect();
     assert_eq!(before, after);
     assert_eq!(
-        store.lookup_prefix(&b, 8, &guard, &mut Vec::new()).unwrap(),
+        store
+            .lookup_prefix(&req, &b, 8, &guard, &mut Vec::new())
+            .unwrap(),
         2
     );
     assert_eq!(store.stats().evictions, 0);
@@ -196,10 +228,11 @@ fn failed_allocate_leaves_the_store_as_it_was() {
 fn bad_input_is_an_error_and_changes_nothing() {
     let store = CacheStore::new(layout(), 2, LruPolicy::new(2)).unwrap();
     let guard = store.pin();
+    let req = store.begin_request();
     let page = store.allocate(1, &guard).unwrap().pop().unwrap();
     let key = chain(1, 1)[0];
     assert!(matches!(
-        store.publish(page, key, None, BT + 1, &guard),
+        store.publish(&req, page, key, None, BT + 1, &guard),
         Err(Error::OutOfRange { .. })
     ));
     assert_eq!(store.pool().free_pages(), 2, "the rejected page was freed");

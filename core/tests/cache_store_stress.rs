@@ -42,8 +42,9 @@ fn two_threads_ten_million_operations_each() {
                     let depth = 1 + rng.below(6) as u32;
                     let keys: Vec<SliceKey> = (0..depth).map(|i| key(root, i)).collect();
                     let mut refs = Vec::new();
+                    let req = store.begin_request();
                     let hits = store
-                        .lookup_prefix(&keys, keys.len() * 4, &guard, &mut refs)
+                        .lookup_prefix(&req, &keys, keys.len() * 4, &guard, &mut refs)
                         .unwrap();
                     looked_up_blocks.fetch_add(keys.len() as u64, Relaxed);
                     ops += 1;
@@ -52,8 +53,9 @@ fn two_threads_ten_million_operations_each() {
                             Ok(pages) => {
                                 for (k, mut page) in keys[hits..].iter().zip(pages) {
                                     page.bytes_mut()[0] = (root as u8) ^ (k.block_index as u8);
-                                    let r =
-                                        store.publish(page, *k, refs.last(), 4, &guard).unwrap();
+                                    let r = store
+                                        .publish(&req, page, *k, refs.last(), 4, &guard)
+                                        .unwrap();
                                     refs.push(r);
                                     ops += 1;
                                 }
@@ -63,6 +65,7 @@ fn two_threads_ten_million_operations_each() {
                         }
                         ops += 1;
                     }
+                    store.end_request(req).unwrap();
                     // Every page we hold has the contents its key implies:
                     // no reader ever sees a page refilled under it.
                     for (k, r) in keys.iter().zip(&refs) {

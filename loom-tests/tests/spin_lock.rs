@@ -10,6 +10,7 @@ fn ev(page: u32) -> PageEvent {
         page: PageId(page),
         fingerprint: u64::from(page),
         block_index: 0,
+        request: 0,
     }
 }
 

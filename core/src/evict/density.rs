@@ -4,7 +4,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{EvictPass, EvictionPolicy, PageEvent};
+use super::{Access, EvictPass, EvictionPolicy, PageEvent};
 use crate::page::PageId;
 use crate::sync::SpinLock;
 
@@ -18,10 +18,18 @@ const BINS: usize = PER_OCTAVE * 20 + 1;
 const PERIOD: u64 = 500;
 /// Weight of the past at each recomputation.
 const DECAY: f64 = 0.9;
-/// Leaves sampled per eviction.
+/// Leaves sampled per eviction when the kept candidates are refused.
 const SAMPLE: usize = 64;
+/// Fresh leaves sampled per eviction, beside the kept candidates.
+const REFRESH: usize = 16;
+/// The best runners-up of an eviction, kept for the next (Redis's
+/// eviction pool): a near-best choice at a quarter of the ranking work.
+const KEPT: usize = 16;
 /// Not in the leaf list.
 const UNLISTED: u32 = u32::MAX;
+/// Requests in flight that are told apart (a direct-mapped table by
+/// serial); an older request in a reused slot is finished then.
+const OPEN: usize = 64;
 
 /// Ranks leaves by *return density*: the hits per slot-request a block can
 /// still bring, given its class and age, under the best eviction horizon.
@@ -51,13 +59,20 @@ const UNLISTED: u32 = u32::MAX;
 ///   happening at its lower edge, and horizons are bin edges, so it is an
 ///   approximation that favours young ages slightly. Tables are recomputed
 ///   every 500 requests, the past decayed by 0.9.
-/// - Eviction samples 64 leaves and offers them lowest density first
-///   (older first on ties); parents wait until they are leaves again.
+/// - Eviction ranks 16 fresh random leaves together with the 16 best
+///   runners-up of the previous eviction, and offers them lowest density
+///   first (older first on ties); if all are refused, it samples 64, then
+///   every leaf. Parents wait until they are leaves again.
 ///
-/// Requests are told apart by their first block (block index 0), which
-/// every lookup starts with; with several threads interleaving requests
-/// the classes get noisier but eviction stays correct. All events take one
-/// spin lock.
+/// Requests are told apart by the serial each event carries (see
+/// [`CacheStore::begin_request`](crate::CacheStore::begin_request)), so
+/// requests served by several threads at once keep their own classes;
+/// a request's pages take their class when it ends. The request clock
+/// (ages) is the newest serial seen. Its bookkeeping runs under one spin
+/// lock, but it asks the store to buffer accesses
+/// ([`EvictionPolicy::buffers_accesses`]): hits and misses reach it in
+/// batches before inserts and evictions, so a lookup takes no lock.
+/// Events of request 0 (no request) update ages but no class.
 ///
 /// On the Mooncake traces (see `docs/EVICTION.md`) it meets every margin of
 /// the trace issue against LRU.
@@ -66,7 +81,7 @@ const UNLISTED: u32 = u32::MAX;
 /// use kvslice_core::{DensityPolicy, EvictionPolicy, PageEvent, PageId};
 ///
 /// let policy = DensityPolicy::new(4);
-/// let ev = |p, depth| PageEvent { page: PageId(p), fingerprint: u64::from(p) * 0x9e37_79b9, block_index: depth };
+/// let ev = |p, depth| PageEvent { page: PageId(p), fingerprint: u64::from(p) * 0x9e37_79b9, block_index: depth, request: 0 };
 /// // A chain 0 → 1 → 2: only the leaf can go.
 /// policy.on_insert(ev(0, 0));
 /// policy.on_became_parent(ev(0, 0));
@@ -80,6 +95,19 @@ const UNLISTED: u32 = u32::MAX;
 pub struct DensityPolicy {
     capacity: u32,
     state: SpinLock<State>,
+}
+
+/// A request in flight.
+#[derive(Debug, Default)]
+struct Open {
+    serial: u64,
+    ended: bool,
+    /// Turns of its conversation so far (0: new).
+    current: u8,
+    /// Turns the ghost remembered for a key it missed.
+    missed: u8,
+    /// Pages it hit or inserted.
+    pages: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -100,24 +128,22 @@ struct State {
     ghost_key: Vec<u64>,
     ghost_time: Vec<u64>,
     ghost_turns: Vec<u8>,
-    /// Requests seen (starts at 1).
+    /// The newest request serial seen (starts at 1).
     clock: u64,
-    /// Turns of the current request's conversation so far (0: new).
-    current: u8,
-    /// Turns the ghost remembered for the last missed key.
-    missed: u8,
-    /// Pages the current request hit or inserted.
-    request: Vec<u32>,
+    /// Requests in flight, by `serial % OPEN`.
+    open: Vec<Open>,
     /// Per class: reuse gaps by age bin, and uses started.
-    returns: [[f64; BINS]; CLASSES],
+    returns: Vec<[f64; BINS]>,
     uses: [f64; CLASSES],
-    density: [[f64; BINS]; CLASSES],
+    density: Vec<[f64; BINS]>,
     /// Representative age of each bin.
     age_of_bin: [f64; BINS],
     next_update: u64,
     rng: u64,
     /// Scratch for `evict_one`'s candidates: (density, last use, page).
     sample: Vec<(f64, u64, u32)>,
+    /// The previous eviction's best runners-up.
+    kept: Vec<u32>,
 }
 
 impl DensityPolicy {
@@ -146,16 +172,15 @@ impl DensityPolicy {
                 ghost_time: vec![0; ghost],
                 ghost_turns: vec![0; ghost],
                 clock: 1,
-                current: 0,
-                missed: 0,
-                request: Vec::new(),
-                returns: [[0.0; BINS]; CLASSES],
+                open: (0..OPEN).map(|_| Open::default()).collect(),
+                returns: vec![[0.0; BINS]; CLASSES],
                 uses: [0.0; CLASSES],
-                density: [prior; CLASSES],
+                density: vec![prior; CLASSES],
                 age_of_bin,
                 next_update: 1 + PERIOD,
                 rng: 0x9e37_79b9_7f4a_7c15,
-                sample: Vec::with_capacity(n.min(SAMPLE)),
+                sample: Vec::with_capacity(n.clamp(KEPT + REFRESH, SAMPLE)),
+                kept: Vec::with_capacity(KEPT),
             }),
         }
     }
@@ -192,20 +217,56 @@ impl State {
             .then(|| (self.ghost_time[i], self.ghost_turns[i]))
     }
 
-    /// A use of a key: if it was used before, one reuse-gap sample for the
-    /// class it had then.
-    fn sample_reuse(&mut self, fingerprint: u64) {
+    /// A use of a key at request time `now`: if it was used before, one
+    /// reuse-gap sample for the class it had then.
+    fn sample_reuse(&mut self, fingerprint: u64, now: u64) {
         if let Some((then, turns)) = self.ghost(fingerprint) {
-            self.returns[class(turns)][bin(self.clock.saturating_sub(then))] += 1.0;
+            self.returns[class(turns)][bin(now.saturating_sub(then))] += 1.0;
         }
     }
 
-    /// A new request starts: the previous one's pages take its turn count
-    /// and start a new use each.
-    fn next_request(&mut self) {
-        let turns = self.current.saturating_add(1);
-        let request = core::mem::take(&mut self.request);
-        for &p in &request {
+    /// The state of request `serial`, starting it (and finishing the older
+    /// request in its slot) if it is new; `None` for request 0, an ended
+    /// request, or one so old that its slot went to a newer request.
+    fn open(&mut self, serial: u64) -> Option<usize> {
+        if serial == 0 {
+            return None;
+        }
+        if serial > self.clock {
+            self.clock = serial;
+            if self.clock >= self.next_update {
+                self.next_update = self.clock + PERIOD;
+                self.update_density();
+            }
+        }
+        let at = (serial % OPEN as u64) as usize;
+        let slot_serial = self.open[at].serial;
+        if slot_serial == serial {
+            return (!self.open[at].ended).then_some(at);
+        }
+        if slot_serial > serial {
+            return None;
+        }
+        self.finish(at);
+        let o = &mut self.open[at];
+        o.serial = serial;
+        o.ended = false;
+        o.current = 0;
+        o.missed = 0;
+        Some(at)
+    }
+
+    /// Request `at` is done: its pages take its turn count and start a new
+    /// use each (the ghost remembers it).
+    fn finish(&mut self, at: usize) {
+        if self.open[at].ended || self.open[at].serial == 0 {
+            return;
+        }
+        let o = &mut self.open[at];
+        o.ended = true;
+        let (serial, turns) = (o.serial, o.current.max(o.missed).saturating_add(1));
+        let pages = core::mem::take(&mut o.pages);
+        for &p in &pages {
             let i = p as usize;
             if !self.live[i] {
                 continue;
@@ -213,19 +274,13 @@ impl State {
             self.turns[i] = self.turns[i].max(turns);
             let slot = self.ghost_slot(self.fingerprint[i]);
             self.ghost_key[slot] = self.fingerprint[i];
-            self.ghost_time[slot] = self.clock;
+            self.ghost_time[slot] = serial;
             self.ghost_turns[slot] = self.turns[i];
             self.uses[class(self.turns[i])] += 1.0;
         }
-        self.request = request;
-        self.request.clear();
-        self.clock += 1;
-        self.current = 0;
-        self.missed = 0;
-        if self.clock >= self.next_update {
-            self.next_update = self.clock + PERIOD;
-            self.update_density();
-        }
+        let o = &mut self.open[at];
+        o.pages = pages;
+        o.pages.clear();
     }
 
     /// Per class and age bin: the best hits per slot-request over eviction
@@ -281,25 +336,66 @@ impl State {
     }
 
     fn insert(&mut self, event: PageEvent) {
-        if event.block_index == 0 {
-            // The miss that led here (of this very key) belongs to the new
-            // request.
-            let missed = self.missed;
-            self.next_request();
-            self.current = missed;
+        let open = self.open(event.request);
+        let now = if event.request == 0 {
+            self.clock
         } else {
-            self.current = self.current.max(self.missed);
-        }
-        self.missed = 0;
-        self.sample_reuse(event.fingerprint);
+            event.request
+        };
+        self.sample_reuse(event.fingerprint, now);
         let i = event.page.0 as usize;
         self.live[i] = true;
-        self.last[i] = self.clock;
-        self.turns[i] = self.current.saturating_add(1);
+        self.last[i] = now;
         self.depth[i] = event.block_index;
         self.fingerprint[i] = event.fingerprint;
-        self.request.push(event.page.0);
+        self.turns[i] = 1;
+        if let Some(at) = open {
+            let o = &mut self.open[at];
+            self.turns[i] = o.current.max(o.missed).saturating_add(1);
+            o.pages.push(event.page.0);
+        }
         self.list(event.page.0);
+    }
+
+    fn access(&mut self, event: PageEvent) {
+        let p = event.page.0;
+        if p >= self.live.len() as u32 {
+            return;
+        }
+        let open = self.open(event.request);
+        let now = if event.request == 0 {
+            self.clock
+        } else {
+            event.request
+        };
+        self.sample_reuse(event.fingerprint, now);
+        let i = p as usize;
+        // A buffered hit can be stale: the page may hold another key now.
+        if !self.live[i] || self.fingerprint[i] != event.fingerprint {
+            return;
+        }
+        self.last[i] = self.last[i].max(now);
+        if let Some(at) = open {
+            let o = &mut self.open[at];
+            if self.depth[i] > 0 {
+                o.current = o.current.max(self.turns[i]);
+            }
+            o.pages.push(p);
+        }
+    }
+
+    fn miss(&mut self, fingerprint: u64, request: u64) {
+        let Some(at) = self.open(request) else { return };
+        if let Some((_, turns)) = self.ghost(fingerprint) {
+            let o = &mut self.open[at];
+            o.missed = o.missed.max(turns);
+        }
+    }
+
+    fn end(&mut self, request: u64) {
+        if let Some(at) = self.open(request) {
+            self.finish(at);
+        }
     }
 
     fn random(&mut self) -> u64 {
@@ -353,29 +449,32 @@ impl EvictionPolicy for DensityPolicy {
     }
 
     fn on_access(&self, event: PageEvent) {
-        let p = event.page.0;
-        if p >= self.capacity {
-            return;
-        }
-        let mut s = self.state.lock();
-        if event.block_index == 0 {
-            s.next_request();
-        }
-        s.sample_reuse(event.fingerprint);
-        let i = p as usize;
-        if s.live[i] {
-            s.last[i] = s.clock;
-            if s.depth[i] > 0 {
-                s.current = s.current.max(s.turns[i]);
-            }
-            s.request.push(p);
-        }
+        self.state.lock().access(event);
     }
 
-    fn on_miss(&self, fingerprint: u64) {
+    fn on_miss(&self, fingerprint: u64, request: u64) {
+        self.state.lock().miss(fingerprint, request);
+    }
+
+    fn on_request_end(&self, request: u64) {
+        self.state.lock().end(request);
+    }
+
+    fn buffers_accesses(&self) -> bool {
+        true
+    }
+
+    fn on_accesses(&self, batch: &[Access]) {
         let mut s = self.state.lock();
-        if let Some((_, turns)) = s.ghost(fingerprint) {
-            s.missed = s.missed.max(turns);
+        for a in batch {
+            match *a {
+                Access::Hit(e) => s.access(e),
+                Access::Miss {
+                    fingerprint,
+                    request,
+                } => s.miss(fingerprint, request),
+                Access::End { request } => s.end(request),
+            }
         }
     }
 
@@ -420,7 +519,18 @@ impl State {
                 if n == 0 {
                     return None;
                 }
-                if round < 3 && n > SAMPLE {
+                if round == 0 && n > SAMPLE {
+                    for i in 0..self.kept.len() {
+                        let p = self.kept[i];
+                        if self.leaf_at[p as usize] != UNLISTED {
+                            sample.push(self.rank(p));
+                        }
+                    }
+                    for _ in 0..REFRESH {
+                        let at = (self.random() % n as u64) as usize;
+                        sample.push(self.rank(self.leaves[at]));
+                    }
+                } else if round < 3 && n > SAMPLE {
                     for _ in 0..SAMPLE {
                         let at = (self.random() % n as u64) as usize;
                         sample.push(self.rank(self.leaves[at]));
@@ -435,6 +545,14 @@ impl State {
                 let best = sample.iter().copied().min_by(order).expect("sampled");
                 if try_evict(PageId(best.2), pass) {
                     self.forget(best.2);
+                    // The runners-up: the best KEPT + 1 (one is `best`),
+                    // unordered, which is all the next ranking needs.
+                    if sample.len() > KEPT + 1 {
+                        sample.select_nth_unstable_by(KEPT + 1, order);
+                    }
+                    self.kept.clear();
+                    let rest = sample.iter().take(KEPT + 1).filter(|r| r.2 != best.2);
+                    self.kept.extend(rest.map(|r| r.2));
                     return Some(PageId(best.2));
                 }
                 sample.sort_unstable_by(|a, b| order(a, b).then(a.2.cmp(&b.2)));
@@ -456,8 +574,16 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_event as ev;
+    use super::super::test_event;
     use super::*;
+
+    /// An event of `request`.
+    fn ev(page: u32, block_index: u32, request: u64) -> PageEvent {
+        PageEvent {
+            request,
+            ..test_event(page, block_index)
+        }
+    }
 
     #[test]
     fn bins_are_quarter_octaves() {
@@ -472,8 +598,8 @@ mod tests {
     fn unlearned_it_evicts_the_oldest() {
         let p = DensityPolicy::new(8);
         // One request per page: each is a root (block index 0).
-        (0..8).for_each(|i| p.on_insert(ev(i, 0)));
-        p.on_access(ev(2, 0));
+        (0..8).for_each(|i| p.on_insert(ev(i, 0, u64::from(i) + 1)));
+        p.on_access(ev(2, 0, 9));
         let order: Vec<u32> = core::iter::from_fn(|| p.evict_one(&mut |_, _| true))
             .map(|id| id.0)
             .collect();
@@ -485,17 +611,20 @@ mod tests {
     #[test]
     fn returning_conversations_gain_turns() {
         let p = DensityPolicy::new(8);
-        p.on_insert(ev(0, 0));
-        p.on_became_parent(ev(0, 0));
-        p.on_insert_child(ev(1, 1), PageId(0), true);
-        // Second turn: hits 0 and 1, adds 2.
-        p.on_access(ev(0, 0));
-        p.on_access(ev(1, 1));
-        p.on_became_parent(ev(1, 1));
-        p.on_insert_child(ev(2, 2), PageId(1), true);
-        // A new conversation off the same root.
-        p.on_access(ev(0, 0));
-        p.on_insert_child(ev(3, 1), PageId(0), false);
+        p.on_insert(ev(0, 0, 1));
+        p.on_became_parent(ev(0, 0, 1));
+        p.on_insert_child(ev(1, 1, 1), PageId(0), true);
+        p.on_request_end(1);
+        // Second turn: hits 0 and 1, adds 2; a third request (a new
+        // conversation off the same root) interleaves with it.
+        p.on_access(ev(0, 0, 2));
+        p.on_access(ev(0, 0, 3));
+        p.on_access(ev(1, 1, 2));
+        p.on_became_parent(ev(1, 1, 2));
+        p.on_insert_child(ev(3, 1, 3), PageId(0), false);
+        p.on_insert_child(ev(2, 2, 2), PageId(1), true);
+        p.on_request_end(3);
+        p.on_request_end(2);
         let s = p.state.lock();
         assert_eq!((s.turns[1], s.turns[2], s.turns[3]), (2, 2, 1));
     }
@@ -506,9 +635,9 @@ mod tests {
     fn refusals_and_parents() {
         let p = DensityPolicy::new(200);
         for i in 0..100 {
-            p.on_insert(ev(i, 0));
+            p.on_insert(ev(i, 0, 0));
         }
-        p.on_became_parent(ev(7, 0));
+        p.on_became_parent(ev(7, 0, 0));
         let mut offered = Vec::new();
         assert_eq!(
             p.evict_one(&mut |id, _| {
@@ -522,7 +651,7 @@ mod tests {
             assert!(offered.contains(&i) || i == 7, "page {i} never offered");
         }
         assert_eq!(p.evict_one(&mut |id, _| id.0 == 42), Some(PageId(42)));
-        p.on_became_leaf(ev(7, 0));
+        p.on_became_leaf(ev(7, 0, 0));
         assert_eq!(p.evict_one(&mut |id, _| id.0 == 7), Some(PageId(7)));
     }
 
@@ -531,16 +660,16 @@ mod tests {
     #[test]
     fn restored_pages_keep_their_state() {
         let p = DensityPolicy::new(8);
-        p.on_insert(ev(0, 0));
-        p.on_became_parent(ev(0, 0));
-        p.on_insert_child(ev(1, 1), PageId(0), true);
-        p.on_access(ev(0, 0)); // a second request
+        p.on_insert(ev(0, 0, 1));
+        p.on_became_parent(ev(0, 0, 1));
+        p.on_insert_child(ev(1, 1, 1), PageId(0), true);
+        p.on_access(ev(0, 0, 2)); // a second request
         let before = {
             let s = p.state.lock();
             (s.clock, s.last[1], s.turns[1])
         };
         assert_eq!(p.evict_one(&mut |_, _| true), Some(PageId(1)));
-        p.on_restore(ev(1, 1));
+        p.on_restore(ev(1, 1, 0));
         let s = p.state.lock();
         assert_eq!((s.clock, s.last[1], s.turns[1]), before);
         assert!(s.live[1] && s.leaf_at[1] != UNLISTED);

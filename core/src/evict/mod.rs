@@ -17,6 +17,7 @@ mod chain;
 mod clock;
 mod density;
 mod lru;
+mod read_buffer;
 mod segments;
 mod sketch;
 mod tinylfu;
@@ -25,6 +26,7 @@ pub use chain::ChainPolicy;
 pub use clock::ClockPolicy;
 pub use density::DensityPolicy;
 pub use lru::LruPolicy;
+pub use read_buffer::{Access, ReadBuffer};
 pub use tinylfu::TinyLfuPolicy;
 
 use crate::page::PageId;
@@ -48,6 +50,7 @@ pub(crate) fn test_event(page: u32, block_index: u32) -> PageEvent {
         page: PageId(page),
         fingerprint: u64::from(page).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1,
         block_index,
+        request: 0,
     }
 }
 
@@ -61,6 +64,10 @@ pub struct PageEvent {
     pub fingerprint: u64,
     /// The block's position in its sequence (its prefix depth).
     pub block_index: u32,
+    /// The serial of the request that caused the event (see
+    /// [`CacheStore::begin_request`](crate::CacheStore::begin_request));
+    /// 0 for events no request caused (a parent becoming a leaf again).
+    pub request: u64,
 }
 
 /// Which pages a `try_evict` callback accepts on this offer.
@@ -104,10 +111,46 @@ pub trait EvictionPolicy: Send + Sync {
     /// `event.page` was hit by a lookup.
     fn on_access(&self, event: PageEvent);
 
-    /// A lookup missed a key with this fingerprint (for admission policies;
-    /// ignored by default).
-    fn on_miss(&self, fingerprint: u64) {
-        let _ = fingerprint;
+    /// A lookup of `request` missed a key with this fingerprint (for
+    /// admission policies; ignored by default).
+    fn on_miss(&self, fingerprint: u64, request: u64) {
+        let _ = (fingerprint, request);
+    }
+
+    /// `request` ended: no more accesses or inserts will name it (ignored
+    /// by default).
+    fn on_request_end(&self, request: u64) {
+        let _ = request;
+    }
+
+    /// Whether the store should record this policy's accesses (hits,
+    /// misses, request ends) into a lossy [`ReadBuffer`] and hand them over
+    /// in batches through [`on_accesses`](Self::on_accesses) before the
+    /// next insert or eviction, instead of calling it on every hit. A
+    /// policy that takes a lock per access should say yes; one whose
+    /// accesses are a lock-free store (clock) or that needs exact order
+    /// (LRU) says no, the default. A buffered policy must tolerate stale
+    /// and lost accesses: a drained hit may name a page that has since been
+    /// evicted and refilled under another key (compare the fingerprint).
+    fn buffers_accesses(&self) -> bool {
+        false
+    }
+
+    /// A batch of recorded accesses, oldest first per request. Defaults to
+    /// one call of [`on_access`](Self::on_access),
+    /// [`on_miss`](Self::on_miss) or [`on_request_end`](Self::on_request_end)
+    /// each; buffered policies override it to take their lock once.
+    fn on_accesses(&self, batch: &[Access]) {
+        for a in batch {
+            match *a {
+                Access::Hit(e) => self.on_access(e),
+                Access::Miss {
+                    fingerprint,
+                    request,
+                } => self.on_miss(fingerprint, request),
+                Access::End { request } => self.on_request_end(request),
+            }
+        }
     }
 
     /// `event.page` gained its first cached child, so the store will not
@@ -150,8 +193,17 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for alloc::boxed::Box<P> {
     fn on_access(&self, event: PageEvent) {
         (**self).on_access(event)
     }
-    fn on_miss(&self, fingerprint: u64) {
-        (**self).on_miss(fingerprint)
+    fn on_miss(&self, fingerprint: u64, request: u64) {
+        (**self).on_miss(fingerprint, request)
+    }
+    fn on_request_end(&self, request: u64) {
+        (**self).on_request_end(request)
+    }
+    fn buffers_accesses(&self) -> bool {
+        (**self).buffers_accesses()
+    }
+    fn on_accesses(&self, batch: &[Access]) {
+        (**self).on_accesses(batch)
     }
     fn on_became_parent(&self, event: PageEvent) {
         (**self).on_became_parent(event)

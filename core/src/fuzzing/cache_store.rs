@@ -55,10 +55,11 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
         let guard = local.pin();
         match small(u, 0, 4) {
             0 | 1 => {
+                let req = store.begin_request();
                 let keys = chain(small(u, 0, 3), small(u, 1, 6));
                 let mut held = Vec::new();
                 let hits = store
-                    .lookup_prefix(&keys, keys.len() * BT as usize, &guard, &mut held)
+                    .lookup_prefix(&req, &keys, keys.len() * BT as usize, &guard, &mut held)
                     .expect("own guard");
                 for (k, r) in keys.iter().zip(&held) {
                     assert_eq!(
@@ -72,7 +73,7 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                         for (k, mut page) in keys[hits..].iter().zip(pages) {
                             page.bytes_mut()[0] = k.block_index as u8 + 1;
                             let r = store
-                                .publish(page, *k, held.last(), BT, &guard)
+                                .publish(&req, page, *k, held.last(), BT, &guard)
                                 .expect("valid publish");
                             held.push(r);
                         }
@@ -81,6 +82,7 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                     }
                     Err(e) => assert!(matches!(e, Error::CapacityExhausted(_)), "{e:?}"),
                 }
+                store.end_request(req).expect("own request");
             }
             2 if !requests.is_empty() => {
                 drop(requests.swap_remove(small(u, 0, requests.len() as u32 - 1) as usize))

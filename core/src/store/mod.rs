@@ -21,6 +21,7 @@
 //! prefix stays cached.
 
 mod meta;
+mod request;
 mod stats;
 
 use alloc::vec::Vec;
@@ -30,18 +31,37 @@ use hashbrown::HashMap;
 use crossbeam_epoch::{Collector, Guard};
 
 pub use meta::Priority;
+pub use request::RequestTicket;
 pub use stats::StoreStats;
 
 use self::meta::PageMeta;
 use self::stats::{Count, Counters};
 use crate::error::{Error, Result};
-use crate::evict::{EvictPass, EvictionPolicy, PageEvent};
+use crate::evict::{Access, EvictPass, EvictionPolicy, PageEvent, ReadBuffer};
 use crate::key::SliceKey;
 use crate::layout::KvLayout;
 use crate::map::SliceMap;
 use crate::page::PageId;
 use crate::pool::{Evicting, Life, PageHandle, PageMut, PagePool, PageRef};
+use crate::sync::AtomicU64;
 use crate::sync::Ordering::Relaxed;
+
+/// Read-buffer geometry for policies that buffer accesses: 8 stripes of
+/// 512 records (128 KiB), enough for a few dozen 32-block lookups between
+/// two drains per stripe; beyond that accesses are dropped and counted.
+#[cfg(not(kvslice_loom))]
+const READ_STRIPES: usize = 8;
+#[cfg(not(kvslice_loom))]
+const READ_SLOTS: usize = 512;
+// Small enough for loom to explore a full stripe.
+#[cfg(kvslice_loom)]
+const READ_STRIPES: usize = 1;
+#[cfg(kvslice_loom)]
+const READ_SLOTS: usize = 2;
+
+/// Distinguishes stores, so that a request ticket of one is refused by
+/// another. Not part of any protocol loom explores.
+static NEXT_STORE: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(1);
 
 /// A KV cache of pages addressed by [`SliceKey`].
 ///
@@ -58,18 +78,22 @@ use crate::sync::Ordering::Relaxed;
 /// let keys: Vec<_> = plan.keys_for(0, 0)?.collect();
 ///
 /// let guard = store.pin();
+/// let request = store.begin_request();
 /// let mut held = Vec::new();
-/// assert_eq!(store.lookup_prefix(&keys, tokens.len(), &guard, &mut held)?, 0);
+/// assert_eq!(store.lookup_prefix(&request, &keys, tokens.len(), &guard, &mut held)?, 0);
 /// // Fill the three missing blocks and publish them, each after its parent.
 /// for (i, page) in store.allocate(3, &guard)?.into_iter().enumerate() {
 ///     let parent = held.last();
-///     let r = store.publish(page, keys[i], parent, 4, &guard)?;
+///     let r = store.publish(&request, page, keys[i], parent, 4, &guard)?;
 ///     held.push(r);
 /// }
 /// drop(held); // release the references
+/// store.end_request(request)?;
+/// let next = store.begin_request();
 /// let mut again = Vec::new();
-/// assert_eq!(store.lookup_prefix(&keys, tokens.len(), &guard, &mut again)?, 3);
+/// assert_eq!(store.lookup_prefix(&next, &keys, tokens.len(), &guard, &mut again)?, 3);
 /// assert_eq!(store.stats().hit_blocks, 3);
+/// store.end_request(next)?;
 /// # Ok::<(), kvslice_core::Error>(())
 /// ```
 pub struct CacheStore<'m, E: EvictionPolicy> {
@@ -77,6 +101,10 @@ pub struct CacheStore<'m, E: EvictionPolicy> {
     map: SliceMap,
     meta: alloc::boxed::Box<[PageMeta]>,
     policy: E,
+    /// Accesses on their way to a policy that buffers them.
+    reads: Option<ReadBuffer>,
+    id: u32,
+    next_request: AtomicU64,
     stats: Counters,
 }
 
@@ -124,7 +152,12 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             map: SliceMap::with_collector(capacity, collector),
             meta: (0..capacity).map(|_| PageMeta::new()).collect(),
             pool,
+            reads: policy
+                .buffers_accesses()
+                .then(|| ReadBuffer::new(READ_STRIPES, READ_SLOTS)),
             policy,
+            id: NEXT_STORE.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+            next_request: AtomicU64::new(1),
             stats: Counters::default(),
         })
     }
@@ -151,18 +184,60 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
 
     /// Counters so far.
     pub fn stats(&self) -> StoreStats {
-        self.stats.snapshot()
+        let mut s = self.stats.snapshot();
+        s.dropped_accesses = self.reads.as_ref().map_or(0, ReadBuffer::dropped);
+        s
     }
 
     fn meta(&self, page: PageId) -> &PageMeta {
         &self.meta[page.0 as usize]
     }
 
-    fn event(&self, page: PageId, key: &SliceKey) -> PageEvent {
+    fn event(&self, page: PageId, key: &SliceKey, request: u64) -> PageEvent {
         PageEvent {
             page,
             fingerprint: fingerprint(key),
             block_index: key.block_index,
+            request,
+        }
+    }
+
+    /// Starts a request: its lookups and publishes carry the ticket, so the
+    /// policy can tell its blocks from those of requests that other threads
+    /// serve at the same time. End it with [`end_request`](Self::end_request).
+    pub fn begin_request(&self) -> RequestTicket {
+        RequestTicket {
+            store: self.id,
+            serial: self.next_request.fetch_add(1, Relaxed),
+        }
+    }
+
+    /// Ends a request. References it took are released by dropping them,
+    /// before or after.
+    pub fn end_request(&self, request: RequestTicket) -> Result<()> {
+        request.check(self.id)?;
+        self.record(Access::End {
+            request: request.serial,
+        });
+        Ok(())
+    }
+
+    /// Tells the policy of an access: into the read buffer if it buffers
+    /// them (lossy, lock-free), else directly.
+    fn record(&self, access: Access) {
+        match &self.reads {
+            Some(reads) => {
+                reads.record(access);
+            }
+            None => self.policy.on_accesses(&[access]),
+        }
+    }
+
+    /// Hands every buffered access to the policy (maintenance only: before
+    /// inserts and evictions, which must see them).
+    fn drain_reads(&self) {
+        if let Some(reads) = &self.reads {
+            reads.drain(&mut |batch| self.policy.on_accesses(batch));
         }
     }
 
@@ -171,26 +246,39 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// first key that is absent, or whose page is being filled or evicted.
     /// `total_tokens` (the tokens `keys` cover) sizes the miss count in
     /// tokens.
+    ///
+    /// Takes no lock, whatever the policy, except [`LruPolicy`]'s, whose
+    /// exact order needs its lock on every hit: per block, a map read, a
+    /// reference, and one record of the access (a wait-free write to a
+    /// lossy buffer, or the clock policy's bit).
+    ///
+    /// [`LruPolicy`]: crate::LruPolicy
     pub fn lookup_prefix<'s>(
         &'s self,
+        request: &RequestTicket,
         keys: &[SliceKey],
         total_tokens: usize,
         guard: &Guard,
         out: &mut Vec<PageRef<'s, 'm>>,
     ) -> Result<usize> {
+        request.check(self.id)?;
+        let serial = request.serial;
         let spread = keys.first().map_or(0, fingerprint);
         let mut hits = 0usize;
         let mut hit_tokens = 0u64;
         for key in keys {
             let Some(handle) = self.map.get(key, guard)? else {
-                self.policy.on_miss(fingerprint(key));
+                self.record(Access::Miss {
+                    fingerprint: fingerprint(key),
+                    request: serial,
+                });
                 break;
             };
             let Ok(page) = self.pool.try_acquire(handle) else {
                 break;
             };
             hit_tokens += u64::from(self.meta(handle.id()).valid_tokens());
-            self.policy.on_access(self.event(handle.id(), key));
+            self.record(Access::Hit(self.event(handle.id(), key, serial)));
             out.push(page);
             hits += 1;
         }
@@ -225,6 +313,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 Err(_) => break,
             }
         }
+        self.drain_reads();
         let mut victims: Vec<Evicting<'s, 'm>> = Vec::new();
         // Children of each page that this call is evicting.
         let mut pending: HashMap<u32, u32> = HashMap::new();
@@ -246,11 +335,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                     {
                         let pm = self.meta(parent.id());
                         self.policy
-                            .on_became_parent(self.event(parent.id(), &pm.key()));
+                            .on_became_parent(self.event(parent.id(), &pm.key(), 0));
                     }
                     let key = meta.key();
                     ev.cancel();
-                    self.policy.on_restore(self.event(page, &key));
+                    self.policy.on_restore(self.event(page, &key, 0));
                 }
                 return Err(Error::CapacityExhausted(
                     "cache store: every cached page is in use",
@@ -264,7 +353,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 let pm = self.meta(parent.id());
                 if *going == pm.children.load(Relaxed) {
                     self.policy
-                        .on_became_leaf(self.event(parent.id(), &pm.key()));
+                        .on_became_leaf(self.event(parent.id(), &pm.key(), 0));
                 }
             }
             victims.push(ev);
@@ -340,13 +429,14 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         let pm = self.meta(parent.id());
         if pm.children.fetch_sub(1, Relaxed) == 1 && notify {
             self.policy
-                .on_became_leaf(self.event(parent.id(), &pm.key()));
+                .on_became_leaf(self.event(parent.id(), &pm.key(), 0));
         }
     }
 
     /// Evicts up to `n` pages now (for trimming); returns how many went.
     pub fn evict(&self, n: u32, guard: &Guard) -> Result<u32> {
         self.map.check_guard(guard)?;
+        self.drain_reads();
         let mut done = 0;
         while done < n {
             let mut taken = None;
@@ -371,6 +461,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// holds.
     pub fn publish<'s>(
         &'s self,
+        request: &RequestTicket,
         page: PageMut<'s, 'm>,
         key: SliceKey,
         parent: Option<&PageRef<'s, 'm>>,
@@ -378,6 +469,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         guard: &Guard,
     ) -> Result<PageRef<'s, 'm>> {
         self.map.check_guard(guard)?;
+        request.check(self.id)?;
         let block_tokens = self.layout().block_tokens();
         if valid_tokens == 0 || valid_tokens > block_tokens {
             return Err(Error::OutOfRange {
@@ -386,16 +478,23 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 bound: u64::from(block_tokens) + 1,
             });
         }
+        if let Some(p) = parent
+            && !core::ptr::eq(p.pool(), &self.pool)
+        {
+            return Err(Error::InvalidValue("parent page from another store"));
+        }
+        // The policy sees this request's hits before its insert.
+        self.drain_reads();
         let mut extends_leaf = false;
         if let Some(p) = parent {
-            if !core::ptr::eq(p.pool(), &self.pool) {
-                return Err(Error::InvalidValue("parent page from another store"));
-            }
             let pm = self.meta(p.handle().id());
             if pm.children.fetch_add(1, Relaxed) == 0 {
                 extends_leaf = true;
-                self.policy
-                    .on_became_parent(self.event(p.handle().id(), &pm.key()));
+                self.policy.on_became_parent(self.event(
+                    p.handle().id(),
+                    &pm.key(),
+                    request.serial,
+                ));
             }
         }
         let id = page.handle().id();
@@ -407,7 +506,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             match self.map.insert(key, ours.handle(), guard)? {
                 None => {
                     self.stats.add(spread, Count::Inserts, 1);
-                    let event = self.event(id, &key);
+                    let event = self.event(id, &key, request.serial);
                     match parent {
                         Some(p) => {
                             self.policy
@@ -420,8 +519,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 Some(existing) => match self.pool.try_acquire(existing) {
                     Ok(theirs) => {
                         self.stats.add(spread, Count::Duplicates, 1);
-                        self.policy
-                            .on_access(self.event(theirs.handle().id(), &key));
+                        self.record(Access::Hit(self.event(
+                            theirs.handle().id(),
+                            &key,
+                            request.serial,
+                        )));
                         self.discard(ours);
                         return Ok(theirs);
                     }

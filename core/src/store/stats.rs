@@ -99,6 +99,9 @@ pub struct StoreStats {
     pub evictions: u64,
     /// Valid tokens in evicted pages.
     pub evicted_tokens: u64,
+    /// Accesses a policy that buffers them never saw: recorded while their
+    /// read buffer stripe was full (see [`ReadBuffer`](crate::evict::ReadBuffer)).
+    pub dropped_accesses: u64,
 }
 
 impl StoreStats {
