@@ -3,6 +3,8 @@
 
 pub mod decode_workload;
 pub mod demo;
+#[cfg(feature = "llm")]
+pub mod llm;
 pub mod model;
 pub mod policy;
 pub mod replay;

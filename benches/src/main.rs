@@ -38,6 +38,15 @@ enum Command {
     Serve(ServeArgs),
     /// Walk a few requests through the coordinator and the reference engine.
     Demo,
+    /// Chat with a real model (SmolLM2 GGUF) whose K/V lives in kvslice.
+    #[cfg(feature = "llm")]
+    Generate(kvslice_benches::llm::cli::GenerateArgs),
+    /// Multi-turn chat workload under reuse strategies: latency, memory, hits.
+    #[cfg(feature = "llm")]
+    Profile(kvslice_benches::llm::cli::ProfileArgs),
+    /// Decode and prefill of the real model against candle's own KV cache.
+    #[cfg(feature = "llm")]
+    ModelBench(kvslice_benches::llm::cli::ModelBenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -119,6 +128,12 @@ fn main() -> ExitCode {
         Command::Sweep(args) => run_sweep(&args),
         Command::Serve(args) => run_serve(&args),
         Command::Demo => kvslice_benches::demo::demo().map_err(|e| e.to_string()),
+        #[cfg(feature = "llm")]
+        Command::Generate(args) => kvslice_benches::llm::cli::run_generate(&args),
+        #[cfg(feature = "llm")]
+        Command::Profile(args) => kvslice_benches::llm::cli::run_profile(&args),
+        #[cfg(feature = "llm")]
+        Command::ModelBench(args) => kvslice_benches::llm::cli::run_model_bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,442 @@
+//! SmolLM2-135M-Instruct through kvslice, checked against candle-transformers'
+//! own quantized_llama on the same GGUF, and the cache path checked against
+//! itself (reuse on and off).
+//!
+//! Needs the model (`benches/scripts/fetch-model.sh`). Without it each test
+//! prints `SKIPPED` and why; with `KVSLICE_REQUIRE_MODEL=1` (as CI sets) it
+//! fails instead.
+
+#![cfg(feature = "llm")]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use kvslice_benches::llm::peer::CandleLlama;
+use kvslice_benches::llm::{
+    LlmError, Matmuls, ModelFile, Reuse, Runner, cache_layout, default_model_path, model_required,
+};
+use kvslice_core::{AttentionEngine, CacheStore, KvDtype, LruPolicy, PageView};
+
+type Loaded = Option<(ModelFile, PathBuf)>;
+
+/// The model with candle's quantized matmuls, loaded once per test binary,
+/// or `None` (after printing why) when it is absent and not required.
+fn model(test: &str) -> Option<&'static (ModelFile, PathBuf)> {
+    static MODEL: OnceLock<Loaded> = OnceLock::new();
+    model_as(test, &MODEL, Matmuls::Quantized)
+}
+
+/// The same with f32 matmuls ([`Matmuls::Dense`]).
+fn dense_model(test: &str) -> Option<&'static (ModelFile, PathBuf)> {
+    static MODEL: OnceLock<Loaded> = OnceLock::new();
+    model_as(test, &MODEL, Matmuls::Dense)
+}
+
+fn model_as(
+    test: &str,
+    cell: &'static OnceLock<Loaded>,
+    matmuls: Matmuls,
+) -> Option<&'static (ModelFile, PathBuf)> {
+    let loaded = cell.get_or_init(|| {
+        let path = default_model_path();
+        if !path.exists() {
+            return None;
+        }
+        Some((
+            ModelFile::load(&path, matmuls).expect("the model loads"),
+            path,
+        ))
+    });
+    if loaded.is_none() {
+        let why = format!(
+            "no model at {} (run benches/scripts/fetch-model.sh)",
+            default_model_path().display()
+        );
+        assert!(!model_required(), "KVSLICE_REQUIRE_MODEL=1 but {why}");
+        println!("SKIPPED {test}: {why}");
+    }
+    loaded.as_ref()
+}
+
+const PROMPTS: [&str; 5] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "How do I boil an egg? Give short steps.",
+];
+
+fn prompt_ids(m: &ModelFile, user: &str) -> Vec<u32> {
+    let text = m
+        .codec
+        .chat(
+            &[
+                ("system", "You are a helpful AI assistant."),
+                ("user", user),
+            ],
+            true,
+        )
+        .unwrap();
+    m.codec.encode(&text).unwrap()
+}
+
+fn store(m: &ModelFile, dtype: KvDtype, pages: u32) -> CacheStore<'static, LruPolicy> {
+    CacheStore::new(
+        cache_layout(&m.llama.config, dtype).unwrap(),
+        pages,
+        LruPolicy::new(pages),
+    )
+    .unwrap()
+}
+
+/// Greedy tokens and the logits after the prompt, through kvslice.
+fn ours<E>(
+    m: &ModelFile,
+    engine: &E,
+    dtype: KvDtype,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<f32>)
+where
+    E: for<'v> AttentionEngine<PageView<'v>>,
+{
+    let layout = cache_layout(&m.llama.config, dtype).unwrap();
+    let store = store(m, dtype, 4096);
+    let g = Runner::new(&m.llama, engine, layout, [7; 16])
+        .generate(&store, prompt, n, &[], Reuse::None, &mut |_| {})
+        .unwrap();
+    (g.tokens, g.first_logits)
+}
+
+/// Largest difference of two logit vectors, over the largest magnitude.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// The check: 5 prompts × 48 new tokens, token for token equal to
+/// candle-transformers' quantized_llama on the same GGUF, with the
+/// reference and the CPU engine.
+///
+/// Both runners multiply by the GGUF's weights dequantized to f32
+/// (`Matmuls::Dense`; the peer loads the same tensors dequantized) and keep
+/// K/V in f32 (our pages, its tensors), so they compute the same function
+/// and differ only in the order of floating-point sums inside attention.
+/// The logits after each prompt must then agree to 1e-4 of the largest
+/// logit: sums of a few hundred f32 products differ by ~1e-7 relative, and
+/// 30 layers amplify that by at most ~1e3 (measured: an f16 rounding of
+/// K/V, 2.4e-4 relative, moves the logits by ~5e-3 relative).
+///
+/// With candle's quantized matmuls (the GGUF's default) the same check
+/// cannot hold for any two implementations: each activation row is
+/// rounded to 8 bits, so a last-bit difference can flip a rounding and move
+/// the logits by 2-5%. `quantized_runs_agree_with_candle_to_the_first_tokens`
+/// reports that case.
+#[test]
+fn greedy_output_matches_candle_quantized_llama() {
+    let Some((m, path)) = dense_model("greedy_output_matches_candle_quantized_llama") else {
+        return;
+    };
+    let mut peer = CandleLlama::load(path, Matmuls::Dense).unwrap();
+    let cpu = kvslice_cpu::CpuEngine::new();
+    for p in PROMPTS {
+        let ids = prompt_ids(m, p);
+        let theirs = peer.generate(&ids, 48, &[]).unwrap();
+        for (name, (tokens, logits)) in [
+            (
+                "reference",
+                ours(m, &kvslice_core::ReferenceEngine, KvDtype::F32, &ids, 48),
+            ),
+            ("cpu", ours(m, &cpu, KvDtype::F32, &ids, 48)),
+        ] {
+            let d = rel_diff(&logits, &theirs.first_logits);
+            println!("{name} {p:?}: logits rel diff {d:.2e}");
+            assert!(d < 1e-4, "{name}, {p:?}: logits differ by {d}");
+            assert_eq!(
+                tokens,
+                theirs.tokens,
+                "{name}, {p:?}: {:?} vs candle {:?}",
+                m.codec.decode(&tokens),
+                m.codec.decode(&theirs.tokens)
+            );
+        }
+    }
+}
+
+/// With candle's quantized matmuls and f16 pages, the first tokens agree
+/// and the logits after the prompt agree to a few percent (see above why no
+/// tighter bound holds); the lengths of the agreeing prefixes are printed.
+#[test]
+fn quantized_runs_agree_with_candle_to_the_first_tokens() {
+    let Some((m, path)) = model("quantized_runs_agree_with_candle_to_the_first_tokens") else {
+        return;
+    };
+    let mut peer = CandleLlama::load(path, Matmuls::Quantized).unwrap();
+    let cpu = kvslice_cpu::CpuEngine::new();
+    for p in PROMPTS {
+        let ids = prompt_ids(m, p);
+        let theirs = peer.generate(&ids, 16, &[]).unwrap();
+        let (tokens, logits) = ours(m, &cpu, KvDtype::F16, &ids, 16);
+        let same = tokens
+            .iter()
+            .zip(&theirs.tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let d = rel_diff(&logits, &theirs.first_logits);
+        println!("{p:?}: logits rel diff {d:.2e}, first {same} of 16 tokens equal");
+        assert!(d < 0.1, "{p:?}: logits differ by {d}");
+        assert!(same >= 4, "{p:?}: only {same} equal tokens");
+    }
+}
+
+/// The wgpu engine on whatever adapter is there (lavapipe in CI) for one
+/// prompt; needs the model and an adapter (`KVSLICE_REQUIRE_GPU=1` fails
+/// rather than skips without one).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_engine_matches_candle_on_one_prompt() {
+    let Some((m, path)) = dense_model("wgpu_engine_matches_candle_on_one_prompt") else {
+        return;
+    };
+    let engine = match kvslice_wgpu::WgpuEngine::new() {
+        Ok(e) => e,
+        Err(e) => {
+            assert!(
+                std::env::var("KVSLICE_REQUIRE_GPU").as_deref() != Ok("1"),
+                "KVSLICE_REQUIRE_GPU=1 but no wgpu adapter: {e}"
+            );
+            println!("SKIPPED wgpu_engine_matches_candle_on_one_prompt: no wgpu adapter ({e})");
+            return;
+        }
+    };
+    println!("adapter: {}", engine.adapter().name);
+    let engine = kvslice_wgpu::StagingEngine::new(engine);
+    let ids = prompt_ids(m, PROMPTS[0]);
+    let theirs = CandleLlama::load(path, Matmuls::Dense)
+        .unwrap()
+        .generate(&ids, 48, &[])
+        .unwrap();
+    let (tokens, logits) = ours(m, &engine, KvDtype::F32, &ids, 48);
+    assert!(rel_diff(&logits, &theirs.first_logits) < 1e-4);
+    assert_eq!(tokens, theirs.tokens);
+}
+
+/// Turn 2 of a conversation, served after turn 1 published its blocks,
+/// produces exactly the tokens it produces with reuse off, and takes most
+/// of its prompt from the cache; the same with layer-level reuse.
+#[test]
+fn reuse_produces_the_tokens_of_no_reuse() {
+    let Some((m, _)) = dense_model("reuse_produces_the_tokens_of_no_reuse") else {
+        return;
+    };
+    let cpu = kvslice_cpu::CpuEngine::new();
+    for (name, engine) in [
+        ("reference", &kvslice_core::ReferenceEngine as &DynEngine),
+        ("cpu", &cpu),
+    ] {
+        reuse_matches(m, name, engine);
+    }
+}
+
+type DynEngine = dyn for<'v> AttentionEngine<PageView<'v>>;
+
+fn reuse_matches(m: &ModelFile, name: &str, engine: &DynEngine) {
+    let layout = cache_layout(&m.llama.config, KvDtype::F16).unwrap();
+    let runner = Runner::new(&m.llama, engine, layout, [9; 16]);
+    let sys = (
+        "system",
+        "You are a helpful AI assistant. Answer briefly and precisely.",
+    );
+    let t1 = m
+        .codec
+        .encode(&m.codec.chat(&[sys, ("user", PROMPTS[2])], true).unwrap())
+        .unwrap();
+    for reuse in [Reuse::Tokens, Reuse::LastLayers(15)] {
+        let store = store(m, KvDtype::F16, 4096);
+        let first = runner
+            .generate(&store, &t1, 32, &m.codec.eos, reuse, &mut |_| {})
+            .unwrap();
+        let end = first
+            .tokens
+            .iter()
+            .position(|t| m.codec.eos.contains(t))
+            .unwrap_or(first.tokens.len());
+        let reply = m.codec.decode(&first.tokens[..end]).unwrap();
+        let t2 = m
+            .codec
+            .encode(
+                &m.codec
+                    .chat(
+                        &[
+                            sys,
+                            ("user", PROMPTS[2]),
+                            ("assistant", &reply),
+                            ("user", "And at sunset?"),
+                        ],
+                        true,
+                    )
+                    .unwrap(),
+            )
+            .unwrap();
+        let reused = runner
+            .generate(&store, &t2, 32, &m.codec.eos, reuse, &mut |_| {})
+            .unwrap();
+        let fresh_store = self::store(m, KvDtype::F16, 4096);
+        let scratch = runner
+            .generate(
+                &fresh_store,
+                &t2,
+                32,
+                &m.codec.eos,
+                Reuse::None,
+                &mut |_| {},
+            )
+            .unwrap();
+        let d = rel_diff(&reused.first_logits, &scratch.first_logits);
+        println!(
+            "{name} {reuse:?}: turn 2 has {} prompt tokens, {} from the cache; logits rel diff {d:.1e}",
+            reused.prompt_tokens, reused.reused_tokens
+        );
+        assert!(
+            reused.reused_tokens >= t1.len() / 16 * 16 - 16,
+            "{reuse:?}: too few reused"
+        );
+        assert_eq!(scratch.reused_tokens, 0);
+        assert_eq!(reused.tokens, scratch.tokens, "{name} {reuse:?}");
+        // The pages are f16: a K/V value whose f32 differs in the last bit
+        // (another chunking of the same matmul) can round to the other f16
+        // neighbour, 4.9e-4 apart, so 1e-3 rather than the f32 test's 1e-4.
+        assert!(d < 1e-3, "{name} {reuse:?}: logits differ by {d}");
+    }
+}
+
+/// K/V held per token is the layout's figure: 30 layers × 3 kv heads × 64
+/// × (K, V) × 2 bytes = 23,040 bytes in f16, and the pool holds no more
+/// pages than the blocks written.
+#[test]
+fn kv_bytes_per_token_are_the_layouts() {
+    let Some((m, _)) = model("kv_bytes_per_token_are_the_layouts") else {
+        return;
+    };
+    let layout = cache_layout(&m.llama.config, KvDtype::F16).unwrap();
+    let per_token = layout.page_bytes() * m.llama.config.layers as usize / 16;
+    assert_eq!(per_token, 23_040);
+    assert_eq!(m.llama.config.kv_bytes_per_token(2), 23_040);
+    let store = store(m, KvDtype::F16, 4096);
+    let ids = prompt_ids(m, PROMPTS[0]);
+    let g = Runner::new(&m.llama, &kvslice_cpu::CpuEngine::new(), layout, [1; 16])
+        .generate(&store, &ids, 8, &[], Reuse::Tokens, &mut |_| {})
+        .unwrap();
+    let blocks = (ids.len() + 8).div_ceil(16) as u32;
+    assert_eq!(g.pages_in_use, blocks * 30, "pages held during the request");
+    // After it: only the published full blocks stay.
+    let full = ((ids.len() + 7) / 16) as u32;
+    assert_eq!(
+        store.pool().capacity() - store.pool().free_pages(),
+        full * 30
+    );
+}
+
+/// A prompt longer than the context is a clear error that leaves the cache
+/// as it was; so is a prompt too big for the cache.
+#[test]
+fn oversized_prompts_are_errors_and_change_nothing() {
+    let Some((m, _)) = model("oversized_prompts_are_errors_and_change_nothing") else {
+        return;
+    };
+    let layout = cache_layout(&m.llama.config, KvDtype::F16).unwrap();
+    let cpu = kvslice_cpu::CpuEngine::new();
+    let runner = Runner::new(&m.llama, &cpu, layout, [1; 16]);
+    let store = store(m, KvDtype::F16, 64);
+    let long = vec![42u32; m.llama.config.context];
+    let err = runner
+        .generate(&store, &long, 1, &[], Reuse::Tokens, &mut |_| {})
+        .unwrap_err();
+    assert!(matches!(err, LlmError::PromptTooLong { .. }), "{err}");
+    let err = runner
+        .generate(&store, &long[..100], 1, &[], Reuse::Tokens, &mut |_| {})
+        .unwrap_err();
+    assert!(err.to_string().contains("capacity"), "{err}");
+    assert_eq!(store.pool().free_pages(), 64);
+    assert_eq!(store.stats().inserts, 0);
+}
+
+/// A truncated file, a file with the known name but other bytes, and a
+/// file that is not GGUF are errors that name the problem.
+#[test]
+fn bad_model_files_are_named() {
+    let Some((_, path)) = model("bad_model_files_are_named") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("kvslice-bad-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(path).unwrap();
+    let write = |name: &str, data: &[u8]| -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        p
+    };
+    let load = |p: &Path| {
+        ModelFile::load(p, Matmuls::Quantized)
+            .err()
+            .expect("an error")
+    };
+    let truncated = write("truncated.gguf", &bytes[..bytes.len() / 2]);
+    assert!(matches!(load(&truncated), LlmError::Format(ref m) if m.contains("truncated")));
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    let named = write(kvslice_benches::llm::weights::SMOLLM2_FILE, &flipped);
+    assert!(matches!(load(&named), LlmError::Checksum { .. }));
+    let junk = write("junk.gguf", b"not a model at all");
+    assert!(matches!(load(&junk), LlmError::Format(_)));
+    assert!(matches!(
+        load(&dir.join("absent.gguf")),
+        LlmError::Io { .. }
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// GGUFs of another architecture, or with a tokenizer this runner cannot
+/// build, are named as such (written with candle's GGUF writer; no model
+/// download needed).
+#[test]
+fn unsupported_ggufs_are_named() {
+    use candle_core::quantized::gguf_file::{Value, write};
+    let dir = std::env::temp_dir().join(format!("kvslice-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, meta: &[(&str, &Value)]| -> PathBuf {
+        let p = dir.join(name);
+        let mut f = std::fs::File::create(&p).unwrap();
+        write(&mut f, meta, &[]).unwrap();
+        p
+    };
+    let s = |v: &str| Value::String(v.into());
+    let u = Value::U32;
+    let gpt2 = file("gpt2.gguf", &[("general.architecture", &s("gpt2"))]);
+    let err = ModelFile::load(&gpt2, Matmuls::Quantized).err().unwrap();
+    assert!(
+        matches!(err, LlmError::Unsupported(ref m) if m.contains("gpt2")),
+        "{err}"
+    );
+    let llama: Vec<(&str, Value)> = vec![
+        ("general.architecture", s("llama")),
+        ("llama.attention.head_count", u(4)),
+        ("llama.attention.head_count_kv", u(2)),
+        ("llama.embedding_length", u(64)),
+        ("llama.block_count", u(1)),
+        ("llama.feed_forward_length", u(128)),
+        ("llama.vocab_size", u(8)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("llama.context_length", u(128)),
+        ("tokenizer.ggml.model", s("llama")),
+    ];
+    let meta: Vec<(&str, &Value)> = llama.iter().map(|(k, v)| (*k, v)).collect();
+    let spm = file("spm.gguf", &meta);
+    let err = ModelFile::load(&spm, Matmuls::Quantized).err().unwrap();
+    assert!(
+        matches!(err, LlmError::Tokenizer(ref m) if m.contains("byte-level")),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
