@@ -86,6 +86,35 @@ pub enum Error {
         /// The driver's or validator's own words.
         detail: String,
     },
+    /// A K/V value the page's storage dtype cannot hold (it would be
+    /// stored as infinity), or a key or query so large that attention
+    /// scores could overflow f32 (see [`KvWrite`](crate::KvWrite) and
+    /// [`AttentionBatch`](crate::AttentionBatch)). Nothing was written.
+    ValueTooLarge {
+        /// Which tensor: "key", "value" or "query".
+        what: &'static str,
+        /// The token's position: in the sequence for K/V, in the batch's
+        /// queries for a query.
+        token: u64,
+        /// The element's index in that token's row (heads × head_dim).
+        element: u64,
+    },
+    /// A sequence's context is longer than its block table covers.
+    ContextPastTable {
+        /// Tokens of context asked for.
+        kv_len: u64,
+        /// Tokens the block table's pages hold.
+        table_tokens: u64,
+    },
+    /// A block table names one page at two positions where a write needs
+    /// distinct pages.
+    DuplicatePage {
+        /// The page.
+        page: u32,
+    },
+    /// The backend does not support this (valid) input; the text says
+    /// what, and what to use instead.
+    Unsupported(&'static str),
     /// A trace line could not be parsed.
     MalformedTrace {
         /// 1-based line number.
@@ -127,6 +156,29 @@ impl fmt::Display for Error {
             Error::UnknownSequence(id) => write!(f, "unknown sequence {id}"),
             Error::DuplicateSequence(id) => write!(f, "sequence {id} already exists"),
             Error::Device { kind, detail } => write!(f, "device error ({kind}): {detail}"),
+            Error::ValueTooLarge {
+                what,
+                token,
+                element,
+            } => write!(
+                f,
+                "{what} of token {token}, element {element}, is too large: it does not fit the \
+                 page's storage dtype, or could make attention scores overflow"
+            ),
+            Error::ContextPastTable {
+                kv_len,
+                table_tokens,
+            } => write!(
+                f,
+                "context of {kv_len} tokens, but its block table covers only {table_tokens}"
+            ),
+            Error::DuplicatePage { page } => {
+                write!(
+                    f,
+                    "page {page} appears twice in a block table being written"
+                )
+            }
+            Error::Unsupported(what) => write!(f, "unsupported by this backend: {what}"),
             Error::MalformedTrace { line, reason } => {
                 write!(f, "malformed trace line {line}: {reason}")
             }

@@ -67,8 +67,8 @@ pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{HeadShard, KeyOrder, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
 pub use map::{MapCensus, SliceMap};
 pub use page::{
-    KvRows, KvRowsMut, KvWrite, PageBuf, PageGeometry, PageId, PageMemory, PageMemoryMut,
-    WriteShape, read_head_rows, write_kv,
+    KEY_LIMIT, KvRows, KvRowsMut, KvWrite, PageBuf, PageGeometry, PageId, PageMemory,
+    PageMemoryMut, WriteShape, read_head_rows, write_kv,
 };
 pub use pool::{
     AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, PageView, RefToken,

@@ -257,7 +257,10 @@ fn bad_batches_are_typed_errors() {
     for (seqs, layer, shard, scale) in cases {
         let err = run(&seqs, layer, shard, &q, scale, &mut out).unwrap_err();
         assert!(
-            matches!(err, Error::OutOfRange { .. } | Error::InvalidValue(_)),
+            matches!(
+                err,
+                Error::OutOfRange { .. } | Error::InvalidValue(_) | Error::ContextPastTable { .. }
+            ),
             "{seqs:?} layer {layer} shard {shard}: {err:?}"
         );
     }

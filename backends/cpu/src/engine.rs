@@ -146,9 +146,28 @@ impl CpuEngine {
         self
     }
 
-    /// With split-K chunks of `pages` pages (0 = choose automatically).
+    /// With split-K chunks of `pages` pages (0 = choose automatically;
+    /// more than [`BUILDER_LIMIT`] is taken as that, which is one chunk for
+    /// any context).
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 4, 2, 16, 16, KvDtype::F16))?;
+    /// let mut rng = Rng::new(1);
+    /// let sc = Scenario::random(layout, &[(100, 1)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let mut out = vec![0.0; q.len()];
+    /// // Extreme builder values are clamped, never an overflow.
+    /// let engine = CpuEngine::new().with_chunk_pages(usize::MAX).with_span_keys(usize::MAX);
+    /// engine.attend(&sc.pages, &AttentionBatch::new(0, 0, &seqs, &q, 0.25), &mut out)?;
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
     pub fn with_chunk_pages(mut self, pages: usize) -> Self {
-        self.chunk_pages = pages;
+        self.chunk_pages = pages.min(BUILDER_LIMIT);
         self
     }
 
@@ -180,7 +199,7 @@ impl CpuEngine {
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn with_span_keys(mut self, keys: usize) -> Self {
-        self.span_keys = keys;
+        self.span_keys = keys.min(BUILDER_LIMIT);
         self
     }
 
@@ -212,7 +231,7 @@ impl CpuEngine {
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn with_query_tile_rows(mut self, rows: usize) -> Self {
-        self.tile_rows = rows;
+        self.tile_rows = rows.min(BUILDER_LIMIT);
         self
     }
 
@@ -456,7 +475,7 @@ impl CpuEngine {
     /// whole-span chunks they took 53–69 µs.
     fn chunk_tokens(&self, total_tokens: usize, heads: u32, bt: usize) -> usize {
         if self.chunk_pages > 0 {
-            return self.chunk_pages * bt;
+            return self.chunk_pages.saturating_mul(bt);
         }
         // One thread needs no split: each chunk costs a merge, and the
         // first head's keys of its first span go unprefetched (nothing
@@ -471,7 +490,7 @@ impl CpuEngine {
             .max(self.span_keys)
             .max(1)
             .div_ceil(bt)
-            * bt
+            .saturating_mul(bt)
     }
 
     /// Computes one chunk: for every query head of each of the task's kv
@@ -860,6 +879,11 @@ impl CpuEngine {
 /// and 32k with sixteen (means of eight interleaved runs on a Zen 4 VM),
 /// against 69% and 74% with four, which cut each sequence into one chunk.
 const CHUNKS_PER_THREAD: usize = 16;
+
+/// The largest chunk, span or tile size the builders keep (2^24): larger
+/// values are taken as this, which already covers any context a pool can
+/// hold, so no size computed from them can overflow.
+pub const BUILDER_LIMIT: usize = 1 << 24;
 
 /// Longest span, in blocks: a kernel call takes up to this many blocks'
 /// keys.

@@ -1,10 +1,12 @@
 //! Fuzz harness (feature `fuzzing`): arbitrary small shapes, page sizes, key
 //! orders, thread counts, split-K chunk sizes and contents through the CPU
 //! engine, against the reference engine and dense f64 attention; non-finite
-//! input is a typed error that leaves pages untouched.
+//! input is a typed error that leaves pages untouched; then one of the
+//! engines-agree edge cases (extreme magnitudes, duplicate pages) with
+//! arbitrary builder arguments.
 
 use arbitrary::Unstructured;
-use kvslice_core::testkit::{Rng, Scenario, all_close, max_rel_err, tolerance};
+use kvslice_core::testkit::{Rng, Scenario, all_close, edge_cases, max_rel_err, tolerance};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, KvWrite, LayoutSpec,
     ReferenceEngine,
@@ -153,5 +155,28 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
         Err(Error::InvalidValue(_))
     ));
     assert_eq!(sc.pages.bytes(), &before[..]);
-    small(&mut u, 0, 1) == 1
+    let rerun = small(&mut u, 0, 1) == 1;
+    // Drawn after everything above, so committed seeds keep their cases:
+    // one engines-agree case (a named one, or extreme magnitudes from the
+    // input) through a CPU engine with arbitrary builder arguments (any
+    // usize, clamped), against the reference's outcome.
+    let seed = u.arbitrary::<u64>().unwrap_or(0);
+    let cases = edge_cases(seed, 1);
+    let case = &cases[small(&mut u, 0, cases.len() as u32 - 1) as usize];
+    let engine = CpuEngine::new()
+        .with_kernels(sets[small(&mut u, 0, sets.len() as u32 - 1) as usize])
+        .with_threads(small(&mut u, 1, 3) as usize)
+        .with_chunk_pages(u.arbitrary().unwrap_or(0))
+        .with_span_keys(u.arbitrary().unwrap_or(0))
+        .with_query_tile_rows(u.arbitrary().unwrap_or(0));
+    let mut pages = kvslice_core::PageBuf::new(case.layout, case.pages).expect("small");
+    let want = case.run(&ReferenceEngine, &mut pages);
+    let mut pages = kvslice_core::PageBuf::new(case.layout, case.pages).expect("small");
+    let got = case.run(&engine, &mut pages);
+    assert!(
+        case.agrees(&got, &want, 1e-3),
+        "{}: {got:?} vs {want:?}",
+        case.name
+    );
+    rerun
 }

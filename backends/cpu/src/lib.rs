@@ -23,5 +23,5 @@ mod kernels;
 #[doc(hidden)]
 pub mod work_sharing;
 
-pub use engine::CpuEngine;
+pub use engine::{BUILDER_LIMIT, CpuEngine};
 pub use kernels::{FourRowKernels, Kernels, SPLIT_512_NAME, SoftmaxState, StoredKernels};

@@ -57,8 +57,9 @@ impl DevicePages {
     ) -> Result<Self> {
         if layout.key_order() == KeyOrder::DimMajor {
             // The shaders read and write token-major keys only.
-            return Err(Error::InvalidLayout(
-                "the wgpu engine does not take dim-major keys (KeyOrder::DimMajor) yet",
+            return Err(Error::Unsupported(
+                "dim-major keys (KeyOrder::DimMajor): the wgpu engine reads token-major keys; \
+                 use KeyOrder::TokenMajor with it",
             ));
         }
         let page_bytes = layout.page_bytes() as u64;

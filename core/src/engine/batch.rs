@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result, check_index, check_len};
 use crate::layout::{HeadShard, KvLayout};
+use crate::page::KEY_LIMIT;
 use crate::page::{PageGeometry, PageId};
 
 /// One sequence of a batch.
@@ -34,7 +35,52 @@ pub struct AttentionBatch<'a> {
 }
 
 impl<'a> AttentionBatch<'a> {
-    /// Bundles a batch.
+    /// Layer `layer`'s attention for `seqs` on head shard 0; set another
+    /// shard with [`shard`](Self::shard). Unlike [`new`](Self::new), no two
+    /// arguments of the same type stand side by side.
+    ///
+    /// ```
+    /// use kvslice_core::{AttentionBatch, PageId, SeqAttention};
+    ///
+    /// let seqs = [SeqAttention { block_table: &[PageId(0)], kv_len: 1, q_len: 1 }];
+    /// let q = [0.0f32; 4];
+    /// let batch = AttentionBatch::for_layer(3, &seqs, &q, 0.5).shard(1);
+    /// assert_eq!((batch.layer, batch.shard), (3, 1));
+    /// ```
+    pub fn for_layer(
+        layer: u32,
+        seqs: &'a [SeqAttention<'a>],
+        queries: &'a [f32],
+        scale: f32,
+    ) -> Self {
+        Self::new(layer, 0, seqs, queries, scale)
+    }
+
+    /// The largest query magnitude a batch may have: with keys within
+    /// ±[`KEY_LIMIT`], a score's sum of `head_dim` products, scaled or not,
+    /// stays under a quarter of `f32::MAX`, so every engine computes the
+    /// same finite softmax (larger queries are
+    /// [`Error::ValueTooLarge`]).
+    ///
+    /// ```
+    /// use kvslice_core::{AttentionBatch, KEY_LIMIT};
+    ///
+    /// let limit = AttentionBatch::query_limit(128, 0.088);
+    /// assert!(limit * KEY_LIMIT * 128.0 <= f32::MAX / 4.0);
+    /// assert!(limit > 1e18);
+    /// ```
+    pub fn query_limit(head_dim: u32, scale: f32) -> f32 {
+        f32::MAX / 4.0 / (KEY_LIMIT * head_dim as f32 * scale.max(1.0))
+    }
+
+    /// The same batch on head shard `shard`.
+    pub fn shard(mut self, shard: u32) -> Self {
+        self.shard = shard;
+        self
+    }
+
+    /// Bundles a batch (`layer`, then `shard`; [`for_layer`](Self::for_layer)
+    /// names them apart).
     pub fn new(
         layer: u32,
         shard: u32,
@@ -81,10 +127,9 @@ impl<'a> AttentionBatch<'a> {
             }
             let blocks = s.kv_len.div_ceil(bt);
             if blocks > s.block_table.len() {
-                return Err(Error::OutOfRange {
-                    what: "context length (longer than its block table)",
-                    index: s.kv_len as u64,
-                    bound: (s.block_table.len() * bt) as u64 + 1,
+                return Err(Error::ContextPastTable {
+                    kv_len: s.kv_len as u64,
+                    table_tokens: (s.block_table.len() * bt) as u64,
                 });
             }
             for p in &s.block_table[..blocks] {
@@ -102,6 +147,14 @@ impl<'a> AttentionBatch<'a> {
         check_len("output length", elems, out_len)?;
         if self.queries.iter().any(|x| !x.is_finite()) {
             return Err(Error::InvalidValue("non-finite query value"));
+        }
+        let q_limit = Self::query_limit(layout.head_dim(), self.scale);
+        if let Some(i) = self.queries.iter().position(|x| x.abs() > q_limit) {
+            return Err(Error::ValueTooLarge {
+                what: "query",
+                token: (i / row) as u64,
+                element: (i % row) as u64,
+            });
         }
         Ok(BatchShape {
             layout,

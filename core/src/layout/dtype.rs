@@ -81,6 +81,26 @@ impl KvDtype {
         Ok(())
     }
 
+    /// Whether `x` is stored as a finite value: finite, and not so large
+    /// that rounding to this dtype gives infinity (f16 above 65,519.99,
+    /// bf16 near f32's largest values).
+    ///
+    /// ```
+    /// use kvslice_core::KvDtype;
+    ///
+    /// assert!(KvDtype::F16.fits(65_504.0));
+    /// assert!(!KvDtype::F16.fits(70_000.0));
+    /// assert!(!KvDtype::Bf16.fits(f32::MAX));
+    /// assert!(KvDtype::F32.fits(f32::MAX) && !KvDtype::F32.fits(f32::NAN));
+    /// ```
+    pub fn fits(self, x: f32) -> bool {
+        match self {
+            KvDtype::F32 => x.is_finite(),
+            KvDtype::F16 => half::f16::from_f32(x).is_finite(),
+            KvDtype::Bf16 => half::bf16::from_f32(x).is_finite(),
+        }
+    }
+
     /// Encodes `src` into little-endian elements in `bytes`, rounding to
     /// nearest even.
     ///

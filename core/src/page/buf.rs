@@ -26,7 +26,17 @@ pub struct PageBuf {
 }
 
 impl PageBuf {
-    /// Allocates `num_pages` zeroed pages.
+    /// Allocates `num_pages` zeroed pages. An empty buffer (0 pages) is
+    /// legal; every page id is then out of range, which engines report.
+    ///
+    /// ```
+    /// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, PageMemory};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 4, 4, KvDtype::F16))?;
+    /// let empty = PageBuf::new(layout, 0)?;
+    /// assert!(empty.page(PageId(0)).is_err());
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
     pub fn new(layout: KvLayout, num_pages: u32) -> Result<Self> {
         let len = layout
             .page_bytes()

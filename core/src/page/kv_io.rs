@@ -54,10 +54,26 @@ pub fn read_head_rows<M: PageMemory + ?Sized>(
         .decode_row(&bytes[start..start + out.len() * es], out)
 }
 
+/// The largest magnitude a key may have: with queries bounded to match, a
+/// score `scale · q · k` stays below a quarter of `f32::MAX`, so every
+/// engine and instruction set computes the same finite softmax. Real keys
+/// are below 10^4.
+pub const KEY_LIMIT: f32 = (1u64 << 56) as f32;
+
 /// New K/V tokens for one layer and head shard, to be stored at positions
 /// `start..start + n` of a sequence whose pages are `block_table`.
 ///
 /// `k` and `v` are `n × shard_kv_heads × head_dim` f32 values, token-major.
+///
+/// Values are checked before anything is written: every value must be
+/// finite and fit the layout's dtype (70,000 does not fit f16), and keys
+/// must stay within ±[`KEY_LIMIT`] (2^56), so that no attention score can
+/// overflow f32 (queries are bounded to match, see
+/// [`AttentionBatch::validate`](crate::AttentionBatch::validate)); else
+/// [`Error::ValueTooLarge`] names the token and element. A page the write
+/// touches must not appear at another position of the block table
+/// ([`Error::DuplicatePage`]); attention itself may read one page at two
+/// positions.
 #[derive(Debug, Clone, Copy)]
 pub struct KvWrite<'a> {
     /// Global layer index.
@@ -103,8 +119,9 @@ impl KvWrite<'_> {
         let row = heads * hd;
         if !w.k.len().is_multiple_of(row) {
             return Err(Error::ShapeMismatch {
-                what: "k length (a multiple of shard kv heads × head_dim)",
-                expected: (w.k.len() / row * row) as u64,
+                what: "k length (whole tokens of shard kv heads × head_dim)",
+                // The whole tokens the caller was closest to providing.
+                expected: (w.k.len().div_ceil(row).max(1) * row) as u64,
                 actual: w.k.len() as u64,
             });
         }
@@ -125,13 +142,38 @@ impl KvWrite<'_> {
         if w.k.iter().chain(w.v).any(|x| !x.is_finite()) {
             return Err(Error::InvalidValue("non-finite K/V value"));
         }
+        let dtype = layout.dtype();
+        for (what, src, limit) in [("key", w.k, KEY_LIMIT), ("value", w.v, f32::INFINITY)] {
+            if let Some(i) = src.iter().position(|&x| x.abs() > limit || !dtype.fits(x)) {
+                return Err(Error::ValueTooLarge {
+                    what,
+                    token: (w.start + i / row) as u64,
+                    element: (i % row) as u64,
+                });
+            }
+        }
         let touched = if n == 0 {
             0..0
         } else {
             w.start / bt..(end - 1) / bt + 1
         };
-        for &page in &w.block_table[touched] {
+        for (i, &page) in w
+            .block_table
+            .iter()
+            .enumerate()
+            .skip(touched.start)
+            .take(touched.len())
+        {
             check_index("page", page.0 as usize, memory.num_pages() as usize)?;
+            // A page written here must hold no other position of the
+            // table: the write would overwrite that block's K/V.
+            if w.block_table
+                .iter()
+                .enumerate()
+                .any(|(j, &p)| p == page && j != i)
+            {
+                return Err(Error::DuplicatePage { page: page.0 });
+            }
         }
         Ok(WriteShape {
             layout,

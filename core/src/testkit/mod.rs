@@ -20,6 +20,10 @@
 //! # Ok::<(), kvslice_core::Error>(())
 //! ```
 
+mod edge_cases;
+
+pub use edge_cases::{EdgeCase, Outcome, edge_cases};
+
 use alloc::vec;
 use alloc::vec::Vec;
 
