@@ -1,5 +1,6 @@
 //! The `kvslice` tool's library: trace parsing, replay through the real
-//! store, eviction policies by name, sweeps with plots, and the demo.
+//! store, eviction policies by name, sweeps with plots, the demo, and the
+//! real-model runner ([`llm`]). New to kvslice? Start with the [`guide`].
 
 pub mod decode_workload;
 pub mod demo;
@@ -11,3 +12,13 @@ pub mod replay;
 pub mod serve;
 pub mod sweep;
 pub mod trace;
+
+/// Embedding kvslice in a runtime, step by step (`docs/GUIDE.md`; its code
+/// runs as this module's doc tests).
+#[doc = include_str!("../../docs/GUIDE.md")]
+pub mod guide {}
+
+/// The README, whose code runs as this module's doc tests.
+#[doc = include_str!("../../README.md")]
+#[doc(hidden)]
+pub mod readme {}

@@ -297,10 +297,16 @@ pub fn run_profile(args: &ProfileArgs) -> Result<(), String> {
         }
     } else {
         let turns: usize = workload.conversations.iter().map(Vec::len).sum();
+        let r0 = &reports[0];
         println!(
-            "{} conversations, {} turns, up to {} new tokens per turn, {} engine, {} K/V pages\n",
+            "{} conversations, {} turns ({} prompt tokens, {} to {} each; {} generated), up to {} \
+             new tokens per turn, {} engine, {} K/V pages\n",
             workload.conversations.len(),
             turns,
+            r0.prompt_tokens,
+            r0.prompt_range.0,
+            r0.prompt_range.1,
+            r0.generated_tokens,
             args.max_new,
             args.model.engine,
             args.model.kv_dtype

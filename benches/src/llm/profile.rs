@@ -156,6 +156,12 @@ pub struct StrategyReport {
     pub prompt_hit_ratio: f64,
     /// Wall time of the whole workload, seconds.
     pub wall_secs: f64,
+    /// Prompt tokens of all requests.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// The shortest and the longest prompt.
+    pub prompt_range: (usize, usize),
     /// Generated tokens that equal the first strategy's, over all.
     pub agreement: f64,
     /// Every request's generated tokens, in serving order.
@@ -173,6 +179,8 @@ impl StrategyReport {
             "decode_tokens_per_sec": self.decode_tokens_per_sec, "tokens_per_sec": self.tokens_per_sec,
             "peak_kv_bytes": self.peak_kv_bytes, "prompt_hit_ratio": self.prompt_hit_ratio,
             "wall_secs": self.wall_secs, "agreement_with_first": self.agreement,
+            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+            "shortest_prompt": self.prompt_range.0, "longest_prompt": self.prompt_range.1,
         })
     }
 }
@@ -305,6 +313,14 @@ where
             steps.extend(g.steps.iter().map(|d| ms(*d)));
             decode_time += g.steps.iter().sum::<Duration>();
             prompt_tokens += g.prompt_tokens;
+            report.prompt_range = if report.outputs.is_empty() {
+                (g.prompt_tokens, g.prompt_tokens)
+            } else {
+                (
+                    report.prompt_range.0.min(g.prompt_tokens),
+                    report.prompt_range.1.max(g.prompt_tokens),
+                )
+            };
             reused += g.reused_tokens;
             generated += g.tokens.len();
             peak_pages = peak_pages.max(g.pages_in_use);
@@ -330,6 +346,8 @@ where
         report.tokens_per_sec = (prompt_tokens + generated) as f64 / report.wall_secs;
         report.peak_kv_bytes = peak_pages as usize * layout.page_bytes();
         report.prompt_hit_ratio = reused as f64 / prompt_tokens.max(1) as f64;
+        report.prompt_tokens = prompt_tokens;
+        report.generated_tokens = generated;
         let (same, all) = reports.first().map_or((1, 1), |r0: &StrategyReport| {
             r0.outputs
                 .iter()
