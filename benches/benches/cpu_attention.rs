@@ -297,7 +297,7 @@ fn decode(c: &mut Criterion) {
 
 /// One sequence's decode step at short contexts, on every core and on one
 /// thread: calls this small are where starting the second thread's work
-/// costs as much as the work (docs/BENCHMARKS.md).
+/// costs as much as the work (docs/notes/cpu-decode.md).
 fn decode_small(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode_small_f16_32q8kv_d128_b1");
     g.sample_size(20)
@@ -506,7 +506,7 @@ mod ideal_kernel {
     /// One kv head's K (or V) in one page: 16 tokens × 128 f16.
     const REGION: usize = BLOCK as usize * HEAD_DIM as usize * 2;
     /// Regions between the one consumed and the one prefetched: decode
-    /// prefetches the next head's span, four regions (docs/BENCHMARKS.md
+    /// prefetches the next head's span, four regions (docs/notes/cpu-decode.md
     /// has two and eight).
     const AHEAD: usize = 4;
     /// Prefetch bursts per region, spread over its lines.

@@ -24,7 +24,7 @@ pub const BATCH: usize = 8;
 /// 13.1 token-major on a Zen 4 VM. There, over eight interleaved runs,
 /// decode over them read a median 81.5% and 83% of the read loop at 8k
 /// and 32k, and token-major keys 79% and 78.5% in the same rounds, from a
-/// pool placed where decode ran faster (docs/BENCHMARKS.md).
+/// pool placed where decode ran faster (docs/notes/cpu-decode.md).
 pub const CPU_KEY_ORDER: KeyOrder = KeyOrder::DimMajor;
 
 /// The workload's layout (one layer), keys token-major.

@@ -1,5 +1,9 @@
 //! kvslice-core: the `no_std` heart of kvslice.
 //!
+//! New to kvslice? The embedding guide is `docs/GUIDE.md` in the
+//! repository (rendered as `kvslice_benches::guide`, whose doc tests run
+//! its code); results against peers are in `docs/BENCHMARKS.md`.
+//!
 //! - [`layout`]: model and page geometry ([`KvLayout`]), validated once.
 //! - [`key`]: chained keyed 128-bit block hashes and [`SliceKey`]s.
 //! - [`coordinator`]: requests → canonical block plans and slice keys.

@@ -13,7 +13,7 @@
 //!
 //! ```sh
 //! rustc -O -C target-cpu=native --edition 2024 docs/experiments/overlap_stream.rs -o /tmp/overlap_stream
-//! /tmp/overlap_stream                          # the modes of docs/BENCHMARKS.md
+//! /tmp/overlap_stream                          # the modes of docs/notes/cpu-decode.md
 //! MODES=0:0,6:32 /tmp/overlap_stream           # rows:ahead[:burst], comma-separated
 //! HOT=131072 /tmp/overlap_stream               # each thread re-reads 128 KiB (compute alone)
 //! ```

@@ -314,7 +314,7 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             // Decode-sized row groups take every kv head of a page in one
             // task: every head's K, then every head's V, the page read in
             // address order, which the hardware streams better than one
-            // head's 4 KiB of each per page (docs/BENCHMARKS.md). Longer
+            // head's 4 KiB of each per page (docs/notes/cpu-decode.md). Longer
             // row sets keep one head per task, as their rows and
             // accumulators for every head at once would not stay in cache.
             let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS {
@@ -595,7 +595,7 @@ impl CpuEngine {
                 // And the first line of the block after the next span,
                 // which starts the L2 streamer there early (a small gain
                 // at 8k with one-head tasks, none measured with decode's
-                // all-head tasks; docs/BENCHMARKS.md).
+                // all-head tasks; docs/notes/cpu-decode.md).
                 if next_end < t.end {
                     let far = pages.page(seq.block_table[next_end / bt])?;
                     (k.prefetch)(&far[first_k.start..(first_k.start + 64).min(first_k.end)]);
@@ -632,7 +632,7 @@ impl CpuEngine {
                 regions
             };
             // The span is read in address order within each page, every
-            // head's K and then every head's V (docs/BENCHMARKS.md); each
+            // head's K and then every head's V (docs/notes/cpu-decode.md); each
             // head's next regions in that order are prefetched while it
             // computes: the next head's K, the first head's V, the next
             // head's V, the next span's first K, one region per page, so
@@ -891,7 +891,7 @@ const SPAN_BLOCKS: usize = 8;
 /// Keys a span takes by default: a weighted sum over 64 keys keeps its
 /// accumulators in registers four times as long as over one 16-token
 /// block, and the per-call costs are paid once; 128 measured no better
-/// (docs/BENCHMARKS.md).
+/// (docs/notes/cpu-decode.md).
 const SPAN_KEYS: usize = 64;
 
 /// Query rows per tile of a long query: 256 rows of d = 128 are 128 KiB

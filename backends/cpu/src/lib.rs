@@ -1,5 +1,9 @@
 //! kvslice-cpu: paged attention on the CPU.
 //!
+//! New to kvslice? The embedding guide is `docs/GUIDE.md` in the
+//! repository (rendered as `kvslice_benches::guide`, whose doc tests run
+//! its code); results against peers are in `docs/BENCHMARKS.md`.
+//!
 //! [`CpuEngine`] implements [`kvslice_core::AttentionEngine`] for any
 //! [`kvslice_core::PageMemoryMut`]: decode and causal prefill over block
 //! tables, GQA, K/V stored as f32, f16 or bf16 and converted on load (in

@@ -1,5 +1,9 @@
 //! kvslice-wgpu: paged attention on GPUs through wgpu compute shaders.
 //!
+//! New to kvslice? The embedding guide is `docs/GUIDE.md` in the
+//! repository (rendered as `kvslice_benches::guide`, whose doc tests run
+//! its code); results against peers are in `docs/BENCHMARKS.md`.
+//!
 //! - [`WgpuEngine`] implements [`kvslice_core::AttentionEngine`] for
 //!   [`DevicePages`], a device-resident mirror of the core page pool (same
 //!   page ids, same byte layout) split into storage bindings of at most

@@ -83,7 +83,7 @@ impl<'a> Ahead<'a> {
             // Spread over every step, the last included: bursts rounded
             // to a power of two of steps (a shift instead of this
             // division) finished early, and the miss buffers then idled
-            // until the next region's kernel (docs/BENCHMARKS.md).
+            // until the next region's kernel (docs/notes/cpu-decode.md).
             burst: lines(ahead).div_ceil(steps.max(1)) << 6,
             region: PhantomData,
         }
@@ -105,7 +105,7 @@ impl<'a> Ahead<'a> {
 /// through memory in address order one head ahead, at the pace of the
 /// loads they precede, for an instruction or two each (an [`Ahead`]
 /// walk's loop cost cache-resident decode 11–17% of its time on a Zen 3;
-/// docs/BENCHMARKS.md). A segment without a region (the last span's
+/// docs/notes/cpu-decode.md). A segment without a region (the last span's
 /// values) is paired with itself, re-fetching lines it holds already, so
 /// kernels never branch on it.
 #[derive(Clone, Copy)]

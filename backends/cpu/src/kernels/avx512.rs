@@ -67,7 +67,7 @@ pub(super) fn kernels() -> Option<Kernels> {
 /// There this set measured slower than AVX2's: the four-row scores 15.7
 /// against 12.0 ns per key, AVX2's decode 1–32% faster in the interleaved
 /// rounds, prefill 117 and 147 against 150 and 156 GFLOP/s in two runs
-/// (docs/BENCHMARKS.md, "Zen 4"), as its horizontal sums of 512-bit
+/// (docs/notes/cpu-decode.md, "Zen 4"), as its horizontal sums of 512-bit
 /// accumulators cost more than the wider operations save. Since this
 /// set pairs its prefetches as AVX2's does (2026-12-03), decode runs
 /// about level with AVX2's there and prefill no faster (121 against 135
@@ -389,7 +389,7 @@ fn four_row_scores_softmax_dim_major(
 /// 512-bit operations take two passes, the four-row bench (64
 /// cache-resident f16 keys of 128 elements, one thread) ran its scores
 /// and softmax at 11.8 ns per key, AVX2's dim-major kernel at 12.1 and
-/// AVX2's token-major one at 13.6 (FMA floor 8.8; docs/BENCHMARKS.md).
+/// AVX2's token-major one at 13.6 (FMA floor 8.8; docs/notes/cpu-decode.md).
 ///
 /// # Safety
 /// `q` is valid for `4·d` reads, each segment of `keys` is one block of

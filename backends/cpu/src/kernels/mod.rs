@@ -60,8 +60,8 @@ pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[&[u8]], &mut [f32], &[&[u8
 /// but its weighted sum (two 64-column passes over each key's values,
 /// where AVX2's sixteen registers allow eight passes of 16 columns) ran
 /// streamed decode at 0.98–1.18× AVX2's speed at 8k and 32k tokens,
-/// median 1.09× over 22 pairs in the same rounds (docs/BENCHMARKS.md,
-/// "Zen 4 VM, a fifth session"), with the same results to the bit.
+/// median 1.09× over 22 pairs in the same rounds (docs/notes/cpu-decode.md,
+/// "SIMD sets on Zen 4"), with the same results to the bit.
 ///
 /// ```
 /// use kvslice_cpu::{Kernels, SPLIT_512_NAME};
