@@ -41,6 +41,24 @@ pub use half::{bf16, f16};
 
 /// The epoch-based reclamation crate the map uses: `Collector`, `Guard`,
 /// `LocalHandle` (and, with `std`, `pin`).
+///
+/// Keep a [`Collector`](epoch::Collector) alive until every handle
+/// registered with it is dropped. A handle that outlives the last
+/// `Collector` frees the collector from inside crossbeam-epoch 0.9's
+/// `Local::finalize`, which Miri reports as undefined behaviour
+/// (crossbeam-rs/crossbeam issue 545); declaring the collector first
+/// drops it last:
+///
+/// ```
+/// use kvslice_core::epoch::Collector;
+///
+/// let collector = Collector::new(); // dropped after `handle`
+/// let handle = collector.register();
+/// let _guard = handle.pin();
+/// ```
+///
+/// Not `Collector::new().register()`, whose temporary collector is gone
+/// before the handle.
 pub use crossbeam_epoch as epoch;
 
 pub mod coordinator;
