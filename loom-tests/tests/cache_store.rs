@@ -4,8 +4,8 @@
 
 use kvslice_core::epoch::Collector;
 use kvslice_core::{
-    BlockHash, CacheStore, ClockPolicy, DensityPolicy, KvDtype, KvLayout, LayoutSpec, Life,
-    PageHandle, PageId, PagePool, SliceKey, SliceMap,
+    BlockHash, CacheStore, ClockPolicy, DensityPolicy, EvictionPolicy, KvDtype, KvLayout,
+    LayoutSpec, Life, PageHandle, PageId, PagePool, SliceKey, SliceMap,
 };
 use kvslice_loom_tests::{Arc, model, model_with_preemptions, thread};
 
@@ -35,7 +35,7 @@ fn handles(n: u32) -> (PagePool<'static>, Vec<PageHandle>) {
 }
 
 /// Publishes `key(0)` and releases it: one cached, unreferenced page.
-fn publish_one(store: &Store) {
+fn publish_one<E: EvictionPolicy>(store: &CacheStore<'static, E>) {
     let local = store.map().collector().register();
     let guard = local.pin();
     let req = store.begin_request();
@@ -311,14 +311,7 @@ fn buffered_hit_races_eviction() {
         let store = Arc::new(
             CacheStore::from_parts(pool, DensityPolicy::new(1), Collector::new()).unwrap(),
         );
-        {
-            let local = store.map().collector().register();
-            let guard = local.pin();
-            let req = store.begin_request();
-            let page = store.allocate(1, &guard).unwrap().pop().unwrap();
-            drop(store.publish(&req, page, key(0), None, 1, &guard).unwrap());
-            store.end_request(req).unwrap();
-        }
+        publish_one(&store);
         let reader = {
             let store = store.clone();
             thread::spawn(move || {

@@ -335,7 +335,9 @@ impl State {
         }
     }
 
-    fn insert(&mut self, event: PageEvent) {
+    /// A use of `event`'s key by its request: opens the request, samples
+    /// the reuse gap, and returns the request's slot and the use's time.
+    fn use_key(&mut self, event: &PageEvent) -> (Option<usize>, u64) {
         let open = self.open(event.request);
         let now = if event.request == 0 {
             self.clock
@@ -343,6 +345,11 @@ impl State {
             event.request
         };
         self.sample_reuse(event.fingerprint, now);
+        (open, now)
+    }
+
+    fn insert(&mut self, event: PageEvent) {
+        let (open, now) = self.use_key(&event);
         let i = event.page.0 as usize;
         self.live[i] = true;
         self.last[i] = now;
@@ -362,13 +369,7 @@ impl State {
         if p >= self.live.len() as u32 {
             return;
         }
-        let open = self.open(event.request);
-        let now = if event.request == 0 {
-            self.clock
-        } else {
-            event.request
-        };
-        self.sample_reuse(event.fingerprint, now);
+        let (open, now) = self.use_key(&event);
         let i = p as usize;
         // A buffered hit can be stale: the page may hold another key now.
         if !self.live[i] || self.fingerprint[i] != event.fingerprint {
