@@ -292,12 +292,17 @@ pub fn read_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<File>)> {
                 info.ggml_dtype
             )));
         }
+        // Checked: a malformed header must not wrap into "in bounds".
         let elems = info.shape.elem_count();
-        let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-        let end = ct.tensor_data_offset + info.offset + bytes as u64;
-        if end > len {
+        let bytes = (elems / info.ggml_dtype.block_size()).checked_mul(info.ggml_dtype.type_size());
+        let end = bytes.and_then(|b| {
+            ct.tensor_data_offset
+                .checked_add(info.offset)?
+                .checked_add(b as u64)
+        });
+        if end.is_none_or(|e| e > len) {
             return Err(LlmError::Format(format!(
-                "{} is truncated: tensor {name} ends at byte {end}, the file has {len}",
+                "{} is truncated: tensor {name} ends past byte {len}, the file's end",
                 path.display()
             )));
         }
