@@ -45,6 +45,18 @@ fn publish_one<E: EvictionPolicy>(store: &CacheStore<'static, E>) {
     store.end_request(req).unwrap();
 }
 
+/// A thread that evicts one page of `store` on its own collector handle,
+/// returning how many went.
+fn spawn_evictor<E: EvictionPolicy + 'static>(
+    store: &Arc<CacheStore<'static, E>>,
+) -> thread::JoinHandle<u32> {
+    let store = store.clone();
+    thread::spawn(move || {
+        let local = store.map().collector().register();
+        store.evict(1, &local.pin()).unwrap()
+    })
+}
+
 /// `get` racing `remove` on one key, with epoch reclamation driven by the
 /// remover: the reader sees the value or nothing, never freed memory, and
 /// the removed node is freed exactly once (loom tracks the node's
@@ -234,13 +246,7 @@ fn lookup_races_eviction() {
                 hits
             })
         };
-        let evictor = {
-            let store = store.clone();
-            thread::spawn(move || {
-                let local = store.map().collector().register();
-                store.evict(1, &local.pin()).unwrap()
-            })
-        };
+        let evictor = spawn_evictor(&store);
         let (hits, evicted) = (reader.join().unwrap(), evictor.join().unwrap());
         assert!(hits + evicted as usize >= 1);
         let info = store.pool().page_info(PageId(0)).unwrap();
@@ -273,13 +279,7 @@ fn release_races_eviction() {
             let store = store.clone();
             thread::spawn(move || store.pool().release(token).unwrap())
         };
-        let evictor = {
-            let store = store.clone();
-            thread::spawn(move || {
-                let local = store.map().collector().register();
-                store.evict(1, &local.pin()).unwrap()
-            })
-        };
+        let evictor = spawn_evictor(&store);
         releaser.join().unwrap();
         let evicted = evictor.join().unwrap();
         let local = store.map().collector().register();
@@ -324,13 +324,7 @@ fn buffered_hit_races_eviction() {
                 hits
             })
         };
-        let evictor = {
-            let store = store.clone();
-            thread::spawn(move || {
-                let local = store.map().collector().register();
-                store.evict(1, &local.pin()).unwrap()
-            })
-        };
+        let evictor = spawn_evictor(&store);
         let (_hits, evicted) = (reader.join().unwrap(), evictor.join().unwrap());
         let local = store.map().collector().register();
         // Whatever the reader recorded, a second eviction finds nothing

@@ -450,15 +450,18 @@ impl EvictionPolicy for DensityPolicy {
     }
 
     fn on_access(&self, event: PageEvent) {
-        self.state.lock().access(event);
+        self.on_accesses(&[Access::Hit(event)]);
     }
 
     fn on_miss(&self, fingerprint: u64, request: u64) {
-        self.state.lock().miss(fingerprint, request);
+        self.on_accesses(&[Access::Miss {
+            fingerprint,
+            request,
+        }]);
     }
 
     fn on_request_end(&self, request: u64) {
-        self.state.lock().end(request);
+        self.on_accesses(&[Access::End { request }]);
     }
 
     fn buffers_accesses(&self) -> bool {
@@ -467,8 +470,8 @@ impl EvictionPolicy for DensityPolicy {
 
     fn on_accesses(&self, batch: &[Access]) {
         let mut s = self.state.lock();
-        for a in batch {
-            match *a {
+        for &a in batch {
+            match a {
                 Access::Hit(e) => s.access(e),
                 Access::Miss {
                     fingerprint,

@@ -99,8 +99,9 @@ struct Stripe {
     slots: Box<[Slot]>,
 }
 
-/// Records dropped while a batch is handed to the policy stay in the ring
-/// no longer than one batch.
+/// Records handed to the policy per call: it takes its lock once a batch,
+/// and a stripe's head moves on after each batch, freeing room for writers
+/// while the policy works.
 const BATCH: usize = 32;
 
 /// Striped lossy access buffer; see the module docs.
