@@ -4,10 +4,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use kvslice_core::{
-    ChainPolicy, ClockPolicy, DensityPolicy, EvictPass, EvictionPolicy, LruPolicy, PageEvent,
-    PageId, TinyLfuPolicy,
-};
+use kvslice_core::{EvictPass, EvictionPolicy, PageEvent, PageId};
 
 /// Every policy the binary can run. `default` is the store's default.
 pub const POLICIES: [&str; 7] = [
@@ -16,18 +13,11 @@ pub const POLICIES: [&str; 7] = [
 
 /// An online policy by name (`belady` needs the future: see [`Belady`]).
 ///
-/// `default` is [`DensityPolicy`]: leaves ranked by the hits per slot-time
+/// `default` is [`DensityPolicy`](kvslice_core::DensityPolicy): leaves ranked by the hits per slot-time
 /// they can still bring, learned per conversation turn count from every
 /// observed reuse (see docs/EVICTION.md for its margins against LRU).
 pub fn online(name: &str, capacity: u32) -> Option<Box<dyn EvictionPolicy>> {
-    Some(match name {
-        "lru" => Box::new(LruPolicy::new(capacity)),
-        "chain" => Box::new(ChainPolicy::new(capacity)),
-        "default" | "density" => Box::new(DensityPolicy::new(capacity)),
-        "clock" => Box::new(ClockPolicy::new(capacity)),
-        "tinylfu" => Box::new(TinyLfuPolicy::new(capacity)),
-        _ => return None,
-    })
+    kvslice_core::evict::by_name(name, capacity)
 }
 
 /// Belady's MIN: evicts the page whose key is next used farthest in the

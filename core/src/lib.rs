@@ -93,7 +93,8 @@ pub use page::{
     PageMemoryMut, WriteShape, read_head_rows, write_kv,
 };
 pub use pool::{
-    AllocMany, Evicting, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef, PageView, RefToken,
+    AllocMany, Evicting, FillToken, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef,
+    PageView, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
 pub use store::{CacheStore, Priority, RequestTicket, StoreStats};

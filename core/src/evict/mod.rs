@@ -29,7 +29,35 @@ pub use lru::LruPolicy;
 pub use read_buffer::{Access, ReadBuffer};
 pub use tinylfu::TinyLfuPolicy;
 
+use alloc::boxed::Box;
+
 use crate::page::PageId;
+
+/// The names [`by_name`] knows, `default` first.
+pub const POLICY_NAMES: [&str; 6] = ["default", "density", "lru", "clock", "tinylfu", "chain"];
+
+/// A policy chosen by name (for tools and the C ABI): `default` and
+/// `density` are [`DensityPolicy`], the store's default; `lru`, `clock`,
+/// `tinylfu` and `chain` the others. `None` for any other name.
+///
+/// ```
+/// use kvslice_core::evict::{POLICY_NAMES, by_name};
+/// use kvslice_core::EvictionPolicy;
+///
+/// assert_eq!(by_name("default", 64).unwrap().name(), "density");
+/// assert!(by_name("fifo", 64).is_none());
+/// assert!(POLICY_NAMES.iter().all(|n| by_name(n, 8).is_some()));
+/// ```
+pub fn by_name(name: &str, capacity: u32) -> Option<Box<dyn EvictionPolicy>> {
+    Some(match name {
+        "default" | "density" => Box::new(DensityPolicy::new(capacity)),
+        "lru" => Box::new(LruPolicy::new(capacity)),
+        "clock" => Box::new(ClockPolicy::new(capacity)),
+        "tinylfu" => Box::new(TinyLfuPolicy::new(capacity)),
+        "chain" => Box::new(ChainPolicy::new(capacity)),
+        _ => return None,
+    })
+}
 
 /// The slot of a key fingerprint in a direct-mapped ghost table of `len`
 /// slots (a power of two): the top bits of a Fibonacci hash, which depend
@@ -174,7 +202,7 @@ pub trait EvictionPolicy: Send + Sync {
     fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId>;
 }
 
-impl<P: EvictionPolicy + ?Sized> EvictionPolicy for alloc::boxed::Box<P> {
+impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
     fn name(&self) -> &'static str {
         (**self).name()
     }

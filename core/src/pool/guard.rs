@@ -74,6 +74,29 @@ impl<'p, 'm> PageMut<'p, 'm> {
         )
     }
 
+    /// Keeps the page being filled but drops the borrow of the pool: for
+    /// holding it across calls where a lifetime does not fit (a C caller's
+    /// request). Turn it back into a guard with [`PagePool::redeem_fill`];
+    /// a token that is never redeemed keeps its page out of the pool.
+    ///
+    /// ```
+    /// use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PagePool};
+    ///
+    /// let pool = PagePool::new(KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 2, KvDtype::F32))?, 1)?;
+    /// let token = pool.alloc()?.into_token();
+    /// assert_eq!(pool.free_pages(), 0);
+    /// drop(pool.redeem_fill(token)?); // dropping the guard frees the page
+    /// assert_eq!(pool.free_pages(), 1);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn into_token(self) -> FillToken {
+        let this = ManuallyDrop::new(self);
+        FillToken {
+            pool_id: this.pool.id,
+            handle: this.handle,
+        }
+    }
+
     /// Makes the page immutable and shareable, keeping this reference.
     pub fn publish(self) -> PageRef<'p, 'm> {
         let this = ManuallyDrop::new(self);
@@ -175,6 +198,22 @@ pub struct RefToken {
 
 impl RefToken {
     /// Index and generation of the referenced page.
+    pub fn handle(&self) -> PageHandle {
+        self.handle
+    }
+}
+
+/// A page being filled, held without a guard (see [`PageMut::into_token`]).
+/// It can be neither copied nor cloned, so a page has one writer.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a FillToken keeps its page until it is redeemed"]
+pub struct FillToken {
+    pub(super) pool_id: u64,
+    pub(super) handle: PageHandle,
+}
+
+impl FillToken {
+    /// Index and generation of the page.
     pub fn handle(&self) -> PageHandle {
         self.handle
     }

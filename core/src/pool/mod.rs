@@ -28,7 +28,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::AtomicU64 as StdAtomicU64;
 
-pub use guard::{AllocMany, Evicting, PageMut, PageRef, RefToken};
+pub use guard::{AllocMany, Evicting, FillToken, PageMut, PageRef, RefToken};
 pub use state::Life;
 pub use view::PageView;
 
@@ -383,6 +383,17 @@ impl<'m> PagePool<'m> {
             return Err(Error::InvalidValue("reference token from another pool"));
         }
         Ok(PageRef {
+            pool: self,
+            handle: token.handle,
+        })
+    }
+
+    /// Turns a [`FillToken`] back into the page's writer.
+    pub fn redeem_fill(&self, token: FillToken) -> Result<PageMut<'_, 'm>> {
+        if token.pool_id != self.id {
+            return Err(Error::InvalidValue("fill token from another pool"));
+        }
+        Ok(PageMut {
             pool: self,
             handle: token.handle,
         })
