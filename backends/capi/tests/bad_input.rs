@@ -1,0 +1,546 @@
+//! Every entry point refuses bad input with a status and a message, and a
+//! refused call changes nothing in the store.
+
+use std::ffi::CStr;
+use std::ptr;
+
+use kvslice_capi::*;
+
+fn last_error() -> String {
+    // SAFETY: kvs_last_error returns a NUL-terminated string.
+    unsafe { CStr::from_ptr(kvs_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+struct Fixture {
+    layout: KvsLayout,
+    coord: KvsCoordinator,
+    store: KvsStore,
+    engine: KvsEngine,
+    req: KvsRequest,
+    keys: Vec<KvsKey>,
+}
+
+/// A store with one request holding two published blocks and one fill.
+fn fixture() -> Fixture {
+    let spec = KvsLayoutSpec {
+        num_layers: 2,
+        num_q_heads: 2,
+        num_kv_heads: 1,
+        head_dim: 4,
+        block_tokens: 2,
+        dtype: KVS_DTYPE_F16,
+        layers_per_group: 1,
+        ..Default::default()
+    };
+    let (mut layout, mut coord, mut store, mut engine, mut req) = (
+        KvsLayout { id: 0 },
+        KvsCoordinator { id: 0 },
+        KvsStore { id: 0 },
+        KvsEngine { id: 0 },
+        KvsRequest { id: 0 },
+    );
+    let tokens = [1u32, 2, 3, 4, 5];
+    let mut keys = vec![KvsKey::default(); 3];
+    // SAFETY: every pointer is to a live local of the stated size.
+    unsafe {
+        assert_eq!(kvs_layout_new(&spec, &mut layout), KvsStatus::Ok);
+        assert_eq!(
+            kvs_coordinator_new(layout, &[3; 16], &mut coord),
+            KvsStatus::Ok
+        );
+        assert_eq!(
+            kvs_store_new(layout, 8, ptr::null(), KvsMemory { id: 0 }, &mut store),
+            KvsStatus::Ok
+        );
+        assert_eq!(kvs_engine_new(1, &mut engine), KvsStatus::Ok);
+        assert_eq!(kvs_request_begin(store, &mut req), KvsStatus::Ok);
+        let plan = KvsPlanRequest {
+            tokens: tokens.as_ptr(),
+            n_tokens: 5,
+            salt: ptr::null(),
+            salt_len: 0,
+            range_start: 0,
+            range_end: 0,
+            layer_group: 0,
+            head_shard: 0,
+        };
+        let mut info = KvsPlanInfo::default();
+        assert_eq!(
+            kvs_plan(coord, &plan, keys.as_mut_ptr(), 3, &mut info),
+            KvsStatus::Ok
+        );
+        assert_eq!((info.blocks, info.full_blocks), (3, 2));
+        let mut first = 0;
+        assert_eq!(kvs_allocate(req, 0, 0, 3, &mut first), KvsStatus::Ok);
+        let kv = [0.25f32; 5 * 4];
+        let w = KvsWrite {
+            layer: 0,
+            shard: 0,
+            start: 0,
+            k: kv.as_ptr(),
+            k_len: 20,
+            v: kv.as_ptr(),
+            v_len: 20,
+        };
+        assert_eq!(kvs_write_kv(engine, req, &w), KvsStatus::Ok);
+        let mut page = 0;
+        for (slot, key) in keys.iter().enumerate().take(2) {
+            assert_eq!(kvs_publish(req, slot, key, 2, &mut page), KvsStatus::Ok);
+        }
+    }
+    Fixture {
+        layout,
+        coord,
+        store,
+        engine,
+        req,
+        keys,
+    }
+}
+
+fn snapshot(f: &Fixture) -> (KvsStats, Vec<u32>) {
+    let mut stats = KvsStats::default();
+    let mut table = [0u32; 8];
+    let mut len = 0;
+    // SAFETY: live locals.
+    unsafe {
+        assert_eq!(kvs_store_stats(f.store, &mut stats), KvsStatus::Ok);
+        assert_eq!(
+            kvs_block_table(f.req, 0, 0, table.as_mut_ptr(), 8, &mut len),
+            KvsStatus::Ok
+        );
+    }
+    (stats, table[..len].to_vec())
+}
+
+#[test]
+fn refused_calls_say_why_and_change_nothing() {
+    let f = fixture();
+    let before = snapshot(&f);
+    let kv = [0.5f32; 64];
+    let mut out = [0f32; 64];
+    let mut n = 0usize;
+    let mut page = 0u32;
+    let seq = KvsSeq {
+        request: f.req,
+        kv_len: 5,
+        q_len: 1,
+    };
+    let good_attend = KvsAttend {
+        layer: 0,
+        shard: 0,
+        scale: 0.5,
+        seqs: &seq,
+        n_seqs: 1,
+        q: kv.as_ptr(),
+        q_len: 8,
+        out: out.as_mut_ptr(),
+        out_len: 8,
+    };
+    let misaligned = kv.as_ptr().cast::<u8>().wrapping_add(1).cast::<f32>();
+    let dead = KvsRequest {
+        id: f.req.id ^ (1 << 40),
+    };
+    // SAFETY: every non-null pointer is to a live local of the stated
+    // length; the misaligned one is refused before it is read.
+    let cases: Vec<(&str, KvsStatus, KvsStatus)> = unsafe {
+        vec![
+            (
+                "lookup, null keys",
+                kvs_lookup_prefix(f.req, ptr::null(), 2, 4, &mut n),
+                KvsStatus::NullPointer,
+            ),
+            (
+                "lookup, null out",
+                kvs_lookup_prefix(f.req, f.keys.as_ptr(), 2, 4, ptr::null_mut()),
+                KvsStatus::NullPointer,
+            ),
+            (
+                "lookup, no keys",
+                kvs_lookup_prefix(f.req, f.keys.as_ptr(), 0, 4, &mut n),
+                KvsStatus::InvalidLength,
+            ),
+            (
+                "lookup, huge length",
+                kvs_lookup_prefix(f.req, f.keys.as_ptr(), usize::MAX / 8, 4, &mut n),
+                KvsStatus::InvalidLength,
+            ),
+            (
+                "lookup, foreign handle",
+                kvs_lookup_prefix(dead, f.keys.as_ptr(), 2, 4, &mut n),
+                KvsStatus::InvalidHandle,
+            ),
+            (
+                "lookup, a store as a request",
+                kvs_lookup_prefix(KvsRequest { id: f.store.id }, f.keys.as_ptr(), 2, 4, &mut n),
+                KvsStatus::InvalidHandle,
+            ),
+            (
+                "allocate, bad lane",
+                kvs_allocate(f.req, 5, 0, 1, &mut n),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "allocate, too many",
+                kvs_allocate(f.req, 0, 0, 9, &mut n),
+                KvsStatus::CapacityExhausted,
+            ),
+            (
+                "publish, a cached slot",
+                kvs_publish(f.req, 0, &f.keys[0], 2, &mut page),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "publish, zero valid tokens",
+                kvs_publish(f.req, 2, &f.keys[2], 0, &mut page),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "publish, past the table",
+                kvs_publish(f.req, 7, &f.keys[2], 1, &mut page),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "block table, too small",
+                kvs_block_table(f.req, 0, 0, [0u32; 1].as_mut_ptr(), 1, &mut n),
+                KvsStatus::BufferTooSmall,
+            ),
+            (
+                "write, short v",
+                kvs_write_kv(
+                    f.engine,
+                    f.req,
+                    &KvsWrite {
+                        layer: 0,
+                        shard: 0,
+                        start: 4,
+                        k: kv.as_ptr(),
+                        k_len: 4,
+                        v: kv.as_ptr(),
+                        v_len: 3,
+                    },
+                ),
+                KvsStatus::InvalidLength,
+            ),
+            (
+                "write, misaligned k",
+                kvs_write_kv(
+                    f.engine,
+                    f.req,
+                    &KvsWrite {
+                        layer: 0,
+                        shard: 0,
+                        start: 4,
+                        k: misaligned,
+                        k_len: 4,
+                        v: kv.as_ptr(),
+                        v_len: 4,
+                    },
+                ),
+                KvsStatus::Misaligned,
+            ),
+            (
+                "write, into a cached page",
+                kvs_write_kv(
+                    f.engine,
+                    f.req,
+                    &KvsWrite {
+                        layer: 0,
+                        shard: 0,
+                        start: 0,
+                        k: kv.as_ptr(),
+                        k_len: 4,
+                        v: kv.as_ptr(),
+                        v_len: 4,
+                    },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "write, NaN",
+                kvs_write_kv(
+                    f.engine,
+                    f.req,
+                    &KvsWrite {
+                        layer: 0,
+                        shard: 0,
+                        start: 4,
+                        k: [f32::NAN; 4].as_ptr(),
+                        k_len: 4,
+                        v: kv.as_ptr(),
+                        v_len: 4,
+                    },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "write, layer out of range",
+                kvs_write_kv(
+                    f.engine,
+                    f.req,
+                    &KvsWrite {
+                        layer: 9,
+                        shard: 0,
+                        start: 4,
+                        k: kv.as_ptr(),
+                        k_len: 4,
+                        v: kv.as_ptr(),
+                        v_len: 4,
+                    },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "attend, short out",
+                kvs_attend(
+                    f.engine,
+                    &KvsAttend {
+                        out_len: 7,
+                        ..good_attend
+                    },
+                ),
+                KvsStatus::InvalidLength,
+            ),
+            (
+                "attend, context past the table",
+                kvs_attend(
+                    f.engine,
+                    &KvsAttend {
+                        seqs: &KvsSeq { kv_len: 9, ..seq },
+                        ..good_attend
+                    },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "attend, request twice",
+                kvs_attend(
+                    f.engine,
+                    &KvsAttend {
+                        seqs: [seq, seq].as_ptr(),
+                        n_seqs: 2,
+                        q_len: 16,
+                        out_len: 16,
+                        ..good_attend
+                    },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "attend, null batch",
+                kvs_attend(f.engine, ptr::null()),
+                KvsStatus::NullPointer,
+            ),
+            (
+                "attend, an engine handle that is a layout",
+                kvs_attend(KvsEngine { id: f.layout.id }, &good_attend),
+                KvsStatus::InvalidHandle,
+            ),
+            (
+                "plan, null request",
+                kvs_plan(
+                    f.coord,
+                    ptr::null(),
+                    ptr::null_mut(),
+                    0,
+                    &mut KvsPlanInfo::default(),
+                ),
+                KvsStatus::NullPointer,
+            ),
+            (
+                "store, unknown policy",
+                kvs_store_new(
+                    f.layout,
+                    4,
+                    c"fifo".as_ptr(),
+                    KvsMemory { id: 0 },
+                    &mut KvsStore { id: 0 },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "layout, 3 q heads over 2 kv heads",
+                kvs_layout_new(
+                    &KvsLayoutSpec {
+                        num_layers: 1,
+                        num_q_heads: 3,
+                        num_kv_heads: 2,
+                        head_dim: 4,
+                        block_tokens: 2,
+                        ..Default::default()
+                    },
+                    &mut KvsLayout { id: 0 },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "layout, unknown dtype",
+                kvs_layout_new(
+                    &KvsLayoutSpec {
+                        num_layers: 1,
+                        num_q_heads: 2,
+                        num_kv_heads: 2,
+                        head_dim: 4,
+                        block_tokens: 2,
+                        dtype: 9,
+                        ..Default::default()
+                    },
+                    &mut KvsLayout { id: 0 },
+                ),
+                KvsStatus::InvalidArgument,
+            ),
+            (
+                "memory, null",
+                kvs_memory_wrap(ptr::null_mut(), 64, &mut KvsMemory { id: 0 }),
+                KvsStatus::NullPointer,
+            ),
+            (
+                "memory, too small for a page",
+                {
+                    let mut bytes = [0u64; 4];
+                    let mut m = KvsMemory { id: 0 };
+                    assert_eq!(
+                        kvs_memory_wrap(bytes.as_mut_ptr().cast(), 32, &mut m),
+                        KvsStatus::Ok
+                    );
+                    let s = kvs_store_new(f.layout, 0, ptr::null(), m, &mut KvsStore { id: 0 });
+                    assert_eq!(kvs_memory_destroy(m), KvsStatus::Ok);
+                    s
+                },
+                KvsStatus::InvalidLength,
+            ),
+        ]
+    };
+    for (what, got, want) in cases {
+        assert_eq!(got, want, "{what}: {}", last_error());
+        assert!(!last_error().is_empty(), "{what}: no message");
+        assert_eq!(
+            snapshot(&f),
+            before,
+            "{what} changed the store or the request"
+        );
+    }
+    // The attention that was refused above works with good arguments.
+    // SAFETY: live locals.
+    assert_eq!(unsafe { kvs_attend(f.engine, &good_attend) }, KvsStatus::Ok);
+    assert!(
+        out[..8].iter().all(|x| (x - 0.25).abs() < 1e-3),
+        "{:?}",
+        &out[..8]
+    );
+}
+
+#[test]
+fn destroyed_handles_are_refused_and_pages_come_back() {
+    let f = fixture();
+    assert_eq!(kvs_request_end(f.req), KvsStatus::Ok);
+    assert_eq!(kvs_request_end(f.req), KvsStatus::InvalidHandle);
+    assert_eq!(
+        kvs_request_truncate(f.req, 0, 0, 0),
+        KvsStatus::InvalidHandle
+    );
+    let mut stats = KvsStats::default();
+    // SAFETY: a live local.
+    let status = unsafe { kvs_store_stats(f.store, &mut stats) };
+    assert_eq!(status, KvsStatus::Ok);
+    // Two published pages stay cached; the unpublished tail was freed.
+    assert_eq!((stats.inserts, stats.free_pages), (2, 6));
+    for status in [
+        kvs_store_destroy(f.store),
+        kvs_engine_destroy(f.engine),
+        kvs_coordinator_destroy(f.coord),
+        kvs_layout_destroy(f.layout),
+    ] {
+        assert_eq!(status, KvsStatus::Ok);
+    }
+    for status in [
+        kvs_store_destroy(f.store),
+        kvs_engine_destroy(f.engine),
+        kvs_coordinator_destroy(f.coord),
+        kvs_layout_destroy(f.layout),
+        kvs_layout_destroy(KvsLayout { id: 0 }),
+        kvs_store_destroy(KvsStore { id: u64::MAX }),
+    ] {
+        assert_eq!(status, KvsStatus::InvalidHandle, "{}", last_error());
+    }
+}
+
+#[test]
+fn a_store_outlives_its_handle_while_requests_use_it() {
+    let f = fixture();
+    assert_eq!(kvs_store_destroy(f.store), KvsStatus::Ok);
+    // The request still reads its pages: the store lives until it ends.
+    let q = [0.5f32; 8];
+    let mut out = [0f32; 8];
+    let seq = KvsSeq {
+        request: f.req,
+        kv_len: 4,
+        q_len: 1,
+    };
+    let attend = KvsAttend {
+        layer: 0,
+        shard: 0,
+        scale: 0.5,
+        seqs: &seq,
+        n_seqs: 1,
+        q: q.as_ptr(),
+        q_len: 8,
+        out: out.as_mut_ptr(),
+        out_len: 8,
+    };
+    // SAFETY: live locals.
+    assert_eq!(unsafe { kvs_attend(f.engine, &attend) }, KvsStatus::Ok);
+    assert_eq!(kvs_request_end(f.req), KvsStatus::Ok);
+}
+
+#[test]
+fn a_request_used_by_two_threads_at_once_is_busy_not_racy() {
+    let f = fixture();
+    let q = [0.5f32; 8];
+    let seq = KvsSeq {
+        request: f.req,
+        kv_len: 5,
+        q_len: 1,
+    };
+    let (mut ok, mut busy) = (0, 0);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = [0f32; 8];
+                    let attend = KvsAttend {
+                        layer: 0,
+                        shard: 0,
+                        scale: 0.5,
+                        seqs: &seq,
+                        n_seqs: 1,
+                        q: q.as_ptr(),
+                        q_len: 8,
+                        out: out.as_mut_ptr(),
+                        out_len: 8,
+                    };
+                    (0..2000)
+                        // SAFETY: live locals.
+                        .map(|_| unsafe { kvs_attend(f.engine, &attend) })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for r in runs {
+            for status in r.join().unwrap() {
+                match status {
+                    KvsStatus::Ok => ok += 1,
+                    KvsStatus::Busy => busy += 1,
+                    other => panic!("{other:?}: {}", last_error()),
+                }
+            }
+        }
+    });
+    // Every call either ran or was told the request is busy; the pages are
+    // all still there afterwards.
+    assert_eq!(ok + busy, 4000);
+    assert!(ok > 0);
+    assert_eq!(snapshot(&f).1.len(), 3);
+}
