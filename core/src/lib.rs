@@ -78,7 +78,7 @@ mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use coordinator::{BlockRef, Coordinator, Request, SlicePlan};
+pub use coordinator::{BlockRef, Coordinator, MAX_REGION_DIMS, Request, SlicePlan};
 pub use engine::{AttentionBatch, AttentionEngine, BatchShape, ReferenceEngine, SeqAttention};
 pub use error::{DeviceFailure, Error, Result};
 pub use evict::{

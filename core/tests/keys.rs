@@ -255,3 +255,51 @@ fn incremental_chain_matches_the_plan() {
         prev = b.hash;
     }
 }
+
+#[test]
+fn region_keys_follow_coordinates_tensor_and_scope() {
+    use kvslice_core::{Coordinator, Error};
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 100, 100, KvDtype::F32)).unwrap();
+    let coord = Coordinator::new(layout, HashSecret::from_bytes([4; 16]));
+    let scope = KeyScope::default();
+    let chunk = |t: u64, s: &KeyScope<'_>, i: u64, j: u64| {
+        coord
+            .region_key(s, t, &[i * 100..i * 100 + 100, j * 100..j * 100 + 100], 0)
+            .unwrap()
+            .block
+    };
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..10 {
+        for j in 0..10 {
+            assert_eq!(chunk(1, &scope, i, j), chunk(1, &scope, i, j));
+            assert!(seen.insert(chunk(1, &scope, i, j)), "({i}, {j}) collides");
+        }
+    }
+    // Another tensor or another tenant: other keys for the same region.
+    let tenant = KeyScope {
+        salt: b"b",
+        adapter: None,
+    };
+    assert!(!seen.contains(&chunk(2, &scope, 0, 0)));
+    assert!(!seen.contains(&chunk(1, &tenant, 0, 0)));
+    // A 1-D region is not its 2-D extension, nor a token block.
+    let one = coord
+        .region_key(&scope, 1, std::slice::from_ref(&(0..100)), 0)
+        .unwrap()
+        .block;
+    assert!(!seen.contains(&one));
+    let tokens: Vec<u32> = (0..100).collect();
+    let plan = coord.plan(&kvslice_core::Request::new(&tokens)).unwrap();
+    assert!(!seen.contains(&plan.blocks()[0].hash));
+    let (hi, lo) = (3u64, 2u64);
+    assert!(matches!(
+        coord.region_key(&scope, 1, &[], 0),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        coord.region_key(&scope, 1, std::slice::from_ref(&(hi..lo)), 0),
+        Err(Error::InvalidRange { .. })
+    ));
+    let nine: Vec<_> = (0..9).map(|_| 0..1u64).collect();
+    assert!(coord.region_key(&scope, 1, &nine, 0).is_err());
+}

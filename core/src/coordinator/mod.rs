@@ -11,8 +11,11 @@ pub use plan::{BlockRef, SlicePlan};
 pub use range::canonical_blocks;
 
 use crate::error::{Error, Result, check_len};
-use crate::key::{BlockHash, ChainHasher, HashSecret, KeyScope};
+use crate::key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 use crate::layout::KvLayout;
+
+/// The most dimensions [`Coordinator::region_key`] takes.
+pub const MAX_REGION_DIMS: usize = 8;
 
 /// What a runtime asks the coordinator about: a token sequence, who it
 /// belongs to, and which token range of it the caller wants to address.
@@ -111,6 +114,60 @@ impl Coordinator {
     /// The chain root `h_{-1}` of `scope`.
     pub fn root(&self, scope: &KeyScope<'_>) -> BlockHash {
         self.hasher.root(scope)
+    }
+
+    /// The key of a rectangular region of a tensor: for caches of slices
+    /// of anything that is not a token sequence (a weight or activation
+    /// tensor cut into chunks, or K/V addressed as (batch, head, seq_start,
+    /// seq_end, head_dim) as the first design sketched). `ranges` gives
+    /// each dimension's half-open range, in order; the same region of the
+    /// same tensor under the same scope always gets the same key, and two
+    /// regions get different keys even when their shapes are equal.
+    /// `index` becomes the key's `block_index` (a position the eviction
+    /// policy may learn from, such as the chunk's order in a scan).
+    ///
+    /// Errors for no dimension, more than [`MAX_REGION_DIMS`], or an
+    /// empty or reversed range.
+    ///
+    /// ```
+    /// use kvslice_core::{Coordinator, HashSecret, KeyScope, KvDtype, KvLayout, LayoutSpec};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 100, 100, KvDtype::F32))?;
+    /// let coord = Coordinator::new(layout, HashSecret::from_bytes([1; 16]));
+    /// let scope = KeyScope::default();
+    /// let a = coord.region_key(&scope, 7, &[0..100, 100..200], 1)?;
+    /// assert_eq!(a, coord.region_key(&scope, 7, &[0..100, 100..200], 1)?);
+    /// // Same shape, another place: another key.
+    /// assert_ne!(a.block, coord.region_key(&scope, 7, &[100..200, 0..100], 1)?.block);
+    /// assert!(coord.region_key(&scope, 7, &[5..5], 0).is_err());
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn region_key(
+        &self,
+        scope: &KeyScope<'_>,
+        tensor: u64,
+        ranges: &[Range<u64>],
+        index: u32,
+    ) -> Result<SliceKey> {
+        if ranges.is_empty() || ranges.len() > MAX_REGION_DIMS {
+            return Err(Error::OutOfRange {
+                what: "dimensions of a region",
+                index: ranges.len() as u64,
+                bound: MAX_REGION_DIMS as u64 + 1,
+            });
+        }
+        if let Some(r) = ranges.iter().find(|r| r.start >= r.end) {
+            return Err(Error::InvalidRange {
+                start: r.start,
+                end: r.end,
+            });
+        }
+        Ok(SliceKey {
+            block: self.hasher.region(self.root(scope), tensor, ranges),
+            block_index: index,
+            layer_group: 0,
+            head_shard: 0,
+        })
     }
 
     /// The next link of a chain: block `index` holding `tokens`, after the

@@ -71,6 +71,7 @@ pub fn coordinator(data: &[u8]) {
         Ok(p) => p,
         Err(e) => {
             assert!(!valid, "valid request rejected: {e:?}");
+            region(&mut u, &coord);
             return;
         }
     };
@@ -132,5 +133,39 @@ pub fn coordinator(data: &[u8]) {
             )
             .expect("plans");
         assert!(full.blocks().iter().all(|b| b.hash != last.hash));
+    }
+    region(&mut u, &coord);
+}
+
+/// Region keys of arbitrary ranges: an error exactly when a dimension is
+/// missing, one too many, or empty; otherwise the same key every time, and
+/// another key when one bound moves.
+fn region(u: &mut Unstructured<'_>, coord: &Coordinator) {
+    let dims = small(u, 0, 10) as usize;
+    let ranges: Vec<core::ops::Range<u64>> = (0..dims)
+        .map(|_| u64::from(small(u, 0, 9))..u64::from(small(u, 0, 9)))
+        .collect();
+    let tensor = u64::from(small(u, 0, 3));
+    let scope = KeyScope::default();
+    let valid =
+        (1..=crate::MAX_REGION_DIMS).contains(&dims) && ranges.iter().all(|r| r.start < r.end);
+    match coord.region_key(&scope, tensor, &ranges, 0) {
+        Ok(key) => {
+            assert!(valid, "{ranges:?} accepted");
+            assert_eq!(coord.region_key(&scope, tensor, &ranges, 0), Ok(key));
+            let mut moved = ranges.clone();
+            moved[0].end += 1;
+            assert_ne!(
+                coord.region_key(&scope, tensor, &moved, 0).map(|k| k.block),
+                Ok(key.block)
+            );
+        }
+        Err(e) => {
+            assert!(!valid, "{ranges:?} refused: {e:?}");
+            assert!(
+                matches!(e, Error::OutOfRange { .. } | Error::InvalidRange { .. }),
+                "{e:?}"
+            );
+        }
     }
 }

@@ -11,6 +11,8 @@
 use core::fmt;
 use core::hash::Hasher as _;
 
+use core::ops::Range;
+
 use siphasher::sip128::{Hasher128, SipHasher24};
 
 use crate::layout::KvLayout;
@@ -18,6 +20,7 @@ use crate::layout::KvLayout;
 const TAG_ROOT: u8 = 0x00;
 const TAG_FULL_BLOCK: u8 = 0x01;
 const TAG_PARTIAL_BLOCK: u8 = 0x02;
+const TAG_REGION: u8 = 0x03;
 
 /// The deployment's 128-bit hashing key.
 ///
@@ -164,6 +167,22 @@ impl ChainHasher {
                 h.write(&[1]);
                 h.write(&x.to_le_bytes());
             }
+        }
+        BlockHash(h.finish128().into())
+    }
+
+    /// The hash of a rectangular region of tensor `tensor` under `root`:
+    /// the half-open range of each dimension, in order. Keyed by where the
+    /// region lies, not by its shape alone, and in its own domain, so it
+    /// never equals a token block's hash.
+    pub fn region(&self, root: BlockHash, tensor: u64, ranges: &[Range<u64>]) -> BlockHash {
+        let mut h = self.hasher(TAG_REGION);
+        h.write(&root.0.to_le_bytes());
+        h.write(&tensor.to_le_bytes());
+        h.write(&(ranges.len() as u64).to_le_bytes());
+        for r in ranges {
+            h.write(&r.start.to_le_bytes());
+            h.write(&r.end.to_le_bytes());
         }
         BlockHash(h.finish128().into())
     }
