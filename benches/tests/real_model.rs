@@ -440,3 +440,67 @@ fn unsupported_ggufs_are_named() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A prompt over the runner's token budget is cut before it is keyed and
+/// computed, under both truncation policies: the generation reports the
+/// dropped positions, computes exactly the kept tokens (its output equals
+/// generating from the kept tokens with no budget), and a second identical
+/// request reuses the cut prompt's cached blocks with the same output.
+#[test]
+fn prompts_over_the_budget_are_cut_before_caching() {
+    use kvslice_core::coordinator::{TokenBudget, Truncation};
+    let Some((m, _)) = model("prompts_over_the_budget_are_cut_before_caching") else {
+        return;
+    };
+    let layout = cache_layout(&m.llama.config, KvDtype::F16).unwrap();
+    let engine = kvslice_cpu::CpuEngine::new();
+    let ids = prompt_ids(m, &PROMPTS.join(" "));
+    let max = 40;
+    assert!(ids.len() > max, "the prompt must exceed the budget");
+    for (truncation, dropped) in [
+        (Truncation::KeepLast, 0..ids.len() - max),
+        (
+            Truncation::KeepFirstAndLast { first: 8 },
+            8..8 + ids.len() - max,
+        ),
+    ] {
+        let budget = TokenBudget {
+            max_tokens: max,
+            truncation,
+        };
+        let runner = Runner::new(&m.llama, &engine, layout, [3; 16]).with_budget(budget);
+        let store = store(m, KvDtype::F16, 4096);
+        let first = runner
+            .generate(&store, &ids, 12, &[], Reuse::Tokens, &mut |_| {})
+            .unwrap();
+        assert_eq!(first.dropped, Some(dropped.clone()), "{truncation:?}");
+        assert_eq!((first.prompt_tokens, first.reused_tokens), (max, 0));
+        // The same tokens as the kept prompt generated with no budget.
+        let kept: Vec<u32> = ids[..dropped.start]
+            .iter()
+            .chain(&ids[dropped.end..])
+            .copied()
+            .collect();
+        let plain = Runner::new(&m.llama, &engine, layout, [3; 16])
+            .generate(&store, &kept, 12, &[], Reuse::None, &mut |_| {})
+            .unwrap();
+        assert_eq!(first.tokens, plain.tokens, "{truncation:?}");
+        // Cut the same way again: the cut prompt's full blocks are reused.
+        let second = runner
+            .generate(&store, &ids, 12, &[], Reuse::Tokens, &mut |_| {})
+            .unwrap();
+        assert_eq!(second.reused_tokens, (max - 1) / 16 * 16, "{truncation:?}");
+        assert_eq!(second.tokens, first.tokens, "{truncation:?}");
+    }
+    // The default refuses, and the cache is untouched.
+    let refuse = TokenBudget {
+        max_tokens: max,
+        truncation: Truncation::Refuse,
+    };
+    let store = store(m, KvDtype::F16, 4096);
+    let err = Runner::new(&m.llama, &engine, layout, [3; 16])
+        .with_budget(refuse)
+        .generate(&store, &ids, 4, &[], Reuse::Tokens, &mut |_| {});
+    assert!(err.is_err());
+    assert_eq!(store.pool().free_pages(), 4096);
+}

@@ -303,3 +303,94 @@ fn region_keys_follow_coordinates_tensor_and_scope() {
     let nine: Vec<_> = (0..9).map(|_| 0..1u64).collect();
     assert!(coord.region_key(&scope, 1, &nine, 0).is_err());
 }
+
+#[test]
+fn budgets_cut_before_keys_and_report_what_went() {
+    use kvslice_core::coordinator::{TokenBudget, Truncation};
+    use kvslice_core::{Coordinator, Error, Request};
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 8, 4, KvDtype::F16)).unwrap();
+    let coord = Coordinator::new(layout, HashSecret::from_bytes([6; 16]));
+    let long: Vec<u32> = (0..30).collect();
+    let last = TokenBudget {
+        max_tokens: 16,
+        truncation: Truncation::KeepLast,
+    };
+    let sinks = TokenBudget {
+        max_tokens: 16,
+        truncation: Truncation::KeepFirstAndLast { first: 4 },
+    };
+    let plan = |tokens: &[u32], b: Option<TokenBudget>| {
+        let r = Request::new(tokens);
+        coord.plan(&match b {
+            Some(b) => r.with_budget(b),
+            None => r,
+        })
+    };
+
+    let a = plan(&long, Some(last)).unwrap();
+    assert_eq!((a.dropped(), a.blocks().len()), (Some(0..14), 4));
+    let s = plan(&long, Some(sinks)).unwrap();
+    assert_eq!((s.dropped(), s.blocks().len()), (Some(4..18), 4));
+    // Cut the same way, same keys, whatever the dropped tokens were.
+    let other_head: Vec<u32> = (100..114).chain(14..30).collect();
+    assert_eq!(plan(&other_head, Some(last)).unwrap(), a);
+    assert_eq!(plan(&long, Some(last)).unwrap(), a);
+    // Cut differently, or not cut: no key in common, even for the same
+    // kept tokens at the same positions.
+    let kept_alone: Vec<u32> = (14..30).collect();
+    let untruncated = plan(&kept_alone, None).unwrap();
+    assert!(
+        a.blocks()
+            .iter()
+            .all(|b| untruncated.blocks().iter().all(|u| u.hash != b.hash))
+    );
+    assert!(
+        a.blocks()
+            .iter()
+            .all(|b| s.blocks().iter().all(|o| o.hash != b.hash))
+    );
+    // Within the budget: nothing dropped, the same keys as with no budget.
+    let short: Vec<u32> = (0..16).collect();
+    assert_eq!(
+        plan(&short, Some(last)).unwrap(),
+        plan(&short, None).unwrap()
+    );
+
+    // Bad budgets and over-budget refusals are typed errors.
+    let refuse = TokenBudget {
+        max_tokens: 16,
+        truncation: Truncation::Refuse,
+    };
+    assert!(matches!(
+        plan(&long, Some(refuse)),
+        Err(Error::OutOfRange { .. })
+    ));
+    let zero = TokenBudget {
+        max_tokens: 0,
+        truncation: Truncation::KeepLast,
+    };
+    assert!(matches!(
+        plan(&long, Some(zero)),
+        Err(Error::InvalidValue(_))
+    ));
+    for first in [0, 16, 99] {
+        let b = TokenBudget {
+            max_tokens: 16,
+            truncation: Truncation::KeepFirstAndLast { first },
+        };
+        assert!(
+            matches!(plan(&short, Some(b)), Err(Error::OutOfRange { .. })),
+            "{first}"
+        );
+    }
+    // A range in request positions: shifted past the cut, refused inside it.
+    let r = coord
+        .plan(&Request::new(&long).with_budget(last).with_range(20..30))
+        .unwrap();
+    assert_eq!(r.token_range(), 4..16);
+    assert!(
+        coord
+            .plan(&Request::new(&long).with_budget(last).with_range(5..30))
+            .is_err()
+    );
+}

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
+use kvslice_core::coordinator::{TokenBudget, Truncation};
 use kvslice_core::{AttentionEngine, CacheStore, KvDtype, PageView};
 
 use super::peer::CandleLlama;
@@ -134,6 +135,38 @@ pub struct GenerateArgs {
     /// of every layer, 201 MB in f16 for SmolLM2-135M).
     #[arg(long, default_value_t = 16_384)]
     pub capacity_pages: u32,
+    /// Most prompt tokens to keep before caching; a longer prompt is cut
+    /// by `--truncate` before it is keyed and computed.
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
+    /// What happens to a prompt over `--max-prompt-tokens`: `refuse`,
+    /// `keep-last` (its last tokens), or `sinks:N` (its first N tokens and
+    /// its last ones, as StreamingLLM keeps attention sinks).
+    #[arg(long, default_value = "refuse", requires = "max_prompt_tokens")]
+    pub truncate: String,
+}
+
+/// The `--max-prompt-tokens` / `--truncate` budget, if any.
+fn budget(args: &GenerateArgs) -> Result<Option<TokenBudget>, String> {
+    let Some(max_tokens) = args.max_prompt_tokens else {
+        return Ok(None);
+    };
+    let truncation = match args.truncate.as_str() {
+        "refuse" => Truncation::Refuse,
+        "keep-last" => Truncation::KeepLast,
+        other => match other.strip_prefix("sinks:").map(str::parse) {
+            Some(Ok(first)) => Truncation::KeepFirstAndLast { first },
+            _ => {
+                return Err(format!(
+                    "--truncate {other:?}: give refuse, keep-last or sinks:N"
+                ));
+            }
+        },
+    };
+    Ok(Some(TokenBudget {
+        max_tokens,
+        truncation,
+    }))
 }
 
 /// Streams a conversation's replies and prints what the cache did.
@@ -161,7 +194,10 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
         kvslice_core::DensityPolicy::new(args.capacity_pages),
     )
     .map_err(|e| e.to_string())?;
-    let runner = Runner::new(&model.llama, &*engine, layout, *b"kvslice-generate");
+    let mut runner = Runner::new(&model.llama, &*engine, layout, *b"kvslice-generate");
+    if let Some(b) = budget(args)? {
+        runner = runner.with_budget(b);
+    }
     let reuse = if args.no_reuse {
         Reuse::None
     } else {
@@ -206,6 +242,14 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
             })
             .map_err(|e| e.to_string())?;
         println!();
+        if let Some(d) = &g.dropped {
+            eprintln!(
+                "[prompt over the budget: positions {}..{} dropped ({} tokens) before caching]",
+                d.start,
+                d.end,
+                d.len()
+            );
+        }
         let decode_s: f64 = g.steps.iter().map(|d| d.as_secs_f64()).sum();
         eprintln!(
             "[{} prompt tokens, {} from the cache; TTFT {:.1} ms; {} tokens at {:.1} tokens/s]",

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{Module, Tensor};
+use kvslice_core::coordinator::TokenBudget;
 use kvslice_core::{
     AttentionBatch, AttentionEngine, CacheStore, Coordinator, EvictionPolicy, HashSecret, KvDtype,
     KvLayout, KvWrite, LayerGrouping, LayoutSpec, PageId, PageMemoryMut, PageMut, PageRef,
@@ -67,8 +68,10 @@ pub fn cache_layout(config: &LlamaConfig, dtype: KvDtype) -> Result<KvLayout> {
 pub struct Generation {
     /// Generated tokens (the stop token included, if one came).
     pub tokens: Vec<u32>,
-    /// Prompt tokens.
+    /// Prompt tokens computed over (after the runner's budget cut any).
     pub prompt_tokens: usize,
+    /// Prompt positions the runner's token budget dropped before planning.
+    pub dropped: Option<std::ops::Range<usize>>,
     /// Prompt tokens whose K/V came from the cache.
     pub reused_tokens: usize,
     /// From the call to the first generated token: lookup, prefill, logits.
@@ -87,6 +90,7 @@ pub struct Runner<'a, E: ?Sized> {
     model: &'a Llama,
     engine: &'a E,
     coord: Coordinator,
+    budget: Option<TokenBudget>,
 }
 
 /// The most likely token (the first on ties).
@@ -110,6 +114,28 @@ where
             model,
             engine,
             coord: Coordinator::new(layout, HashSecret::from_bytes(secret)),
+            budget: None,
+        }
+    }
+
+    /// Cuts prompts longer than `budget` before they are planned, keyed
+    /// and computed (see [`TokenBudget`]); the generation reports what
+    /// went.
+    pub fn with_budget(mut self, budget: TokenBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The coordinator's request for `seq`: the original prompt followed by
+    /// `generated` tokens, cut as the prompt alone was (the budget grows
+    /// with the generated tokens, so the dropped positions stay the same).
+    fn request<'s>(&self, seq: &'s [u32], generated: usize) -> Request<'s> {
+        match self.budget {
+            Some(b) => Request::new(seq).with_budget(TokenBudget {
+                max_tokens: b.max_tokens + generated,
+                ..b
+            }),
+            None => Request::new(seq),
         }
     }
 
@@ -131,6 +157,12 @@ where
         on_token: &mut dyn FnMut(u32),
     ) -> Result<Generation> {
         let c = &self.model.config;
+        let original = prompt;
+        let (kept, dropped) = match self.budget {
+            Some(b) => b.apply(original)?,
+            None => (original.to_vec(), None),
+        };
+        let prompt = &kept[..];
         let total = prompt.len() + max_new;
         if prompt.is_empty() {
             return Err(LlmError::Cache(kvslice_core::Error::InvalidValue(
@@ -154,7 +186,8 @@ where
         let first_cached = reuse.first_cached_layer(layers);
         let guard = store.pin();
         let request = store.begin_request();
-        let plan = self.coord.plan(&Request::new(prompt))?;
+        let plan = self.coord.plan(&self.request(original, 0))?;
+        debug_assert_eq!(plan.dropped(), dropped);
         // The last prompt token is always computed: its logits pick the
         // first generated token.
         let cacheable = (prompt.len() - 1) / bt;
@@ -210,6 +243,7 @@ where
 
         let mut out = Generation {
             prompt_tokens: prompt.len(),
+            dropped: dropped.clone(),
             reused_tokens: start,
             ..Generation::default()
         };
@@ -241,9 +275,10 @@ where
         // Publish the full blocks whose K/V were computed: the prompt and
         // every generated token but the last, which was never fed back.
         if first_cached < layers {
-            let mut seq = prompt.to_vec();
-            seq.extend_from_slice(&out.tokens[..out.tokens.len() - 1]);
-            let done = self.coord.plan(&Request::new(&seq))?;
+            let generated = &out.tokens[..out.tokens.len() - 1];
+            let mut seq = original.to_vec();
+            seq.extend_from_slice(generated);
+            let done = self.coord.plan(&self.request(&seq, generated.len()))?;
             let full = done.full_blocks();
             for l in first_cached..layers {
                 let li = l as usize;

@@ -3,12 +3,14 @@
 
 mod plan;
 mod range;
+mod truncation;
 
 use alloc::vec::Vec;
 use core::ops::Range;
 
 pub use plan::{BlockRef, SlicePlan};
 pub use range::canonical_blocks;
+pub use truncation::{TokenBudget, Truncation};
 
 use crate::error::{Error, Result, check_len};
 use crate::key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
@@ -41,6 +43,9 @@ pub struct Request<'a> {
     /// (for example the hash of an image whose placeholder tokens sit in
     /// that block). May be shorter than the number of blocks.
     pub block_extras: &'a [Option<u128>],
+    /// The most tokens to keep, and how to cut a longer sequence (none:
+    /// keep everything).
+    pub budget: Option<TokenBudget>,
 }
 
 impl<'a> Request<'a> {
@@ -51,6 +56,7 @@ impl<'a> Request<'a> {
             tokens,
             range: 0..tokens.len(),
             block_extras: &[],
+            budget: None,
         }
     }
 
@@ -69,6 +75,33 @@ impl<'a> Request<'a> {
     /// Sets per-block extra keys.
     pub fn with_block_extras(mut self, extras: &'a [Option<u128>]) -> Self {
         self.block_extras = extras;
+        self
+    }
+
+    /// Sets a token budget: a longer sequence is cut (or refused) before
+    /// keys are computed, and the plan says which positions went
+    /// ([`SlicePlan::dropped`]). The range is in the request's positions
+    /// and may not start or end inside the dropped part; block extras
+    /// count blocks of the kept tokens. Requests cut the same way share
+    /// keys; a cut request shares none with one that was not cut.
+    ///
+    /// ```
+    /// use kvslice_core::coordinator::{TokenBudget, Truncation};
+    /// use kvslice_core::{Coordinator, HashSecret, KvDtype, KvLayout, LayoutSpec, Request};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 8, 4, KvDtype::F16))?;
+    /// let coord = Coordinator::new(layout, HashSecret::from_bytes([2; 16]));
+    /// let tokens: Vec<u32> = (0..20).collect();
+    /// let budget = TokenBudget { max_tokens: 12, truncation: Truncation::KeepLast };
+    /// let plan = coord.plan(&Request::new(&tokens).with_budget(budget))?;
+    /// assert_eq!(plan.dropped(), Some(0..8));
+    /// assert_eq!(plan.token_range(), 0..12); // three blocks of the kept tokens
+    /// let refuse = TokenBudget { max_tokens: 12, truncation: Truncation::Refuse };
+    /// assert!(coord.plan(&Request::new(&tokens).with_budget(refuse)).is_err());
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_budget(mut self, budget: TokenBudget) -> Self {
+        self.budget = Some(budget);
         self
     }
 }
@@ -198,12 +231,18 @@ impl Coordinator {
     }
 
     /// The block chain of the first `blocks` blocks of `tokens`.
-    fn chain(&self, req: &Request<'_>, blocks: u32) -> Result<Vec<BlockRef>> {
+    fn chain(
+        &self,
+        root: BlockHash,
+        tokens: &[u32],
+        extras: &[Option<u128>],
+        blocks: u32,
+    ) -> Result<Vec<BlockRef>> {
         let bt = self.layout.block_tokens() as usize;
         let mut out = Vec::with_capacity(blocks as usize);
-        let mut prev = self.root(&req.scope);
-        for (i, tokens) in req.tokens.chunks(bt).take(blocks as usize).enumerate() {
-            let extra = req.block_extras.get(i).copied().flatten();
+        let mut prev = root;
+        for (i, tokens) in tokens.chunks(bt).take(blocks as usize).enumerate() {
+            let extra = extras.get(i).copied().flatten();
             let block = self.next_block(prev, i as u32, tokens, extra)?;
             prev = block.hash;
             out.push(block);
@@ -266,13 +305,53 @@ impl Coordinator {
     /// Errors for an empty, reversed or out-of-bounds range, and for more
     /// block extras than the sequence has blocks.
     pub fn plan(&self, req: &Request<'_>) -> Result<SlicePlan> {
+        let root = self.root(&req.scope);
+        let dropped = match req.budget {
+            Some(b) => b.dropped(req.tokens.len())?,
+            None => None,
+        };
+        let Some(d) = dropped else {
+            return self.plan_tokens(root, req.tokens, &req.range, req.block_extras);
+        };
+        let cut = d.end - d.start;
+        let shift = |p: usize, what: &'static str| -> Result<usize> {
+            if p <= d.start {
+                Ok(p)
+            } else if p >= d.end {
+                Ok(p - cut)
+            } else {
+                Err(Error::OutOfRange {
+                    what,
+                    index: p as u64,
+                    bound: d.start as u64 + 1,
+                })
+            }
+        };
+        let range = shift(req.range.start, "range start inside the dropped tokens")?
+            ..shift(req.range.end, "range end inside the dropped tokens")?;
+        let kept = truncation::without(req.tokens, &d);
+        let root = self
+            .hasher
+            .truncated_root(root, d.start as u64..d.end as u64);
+        Ok(self
+            .plan_tokens(root, &kept, &range, req.block_extras)?
+            .with_dropped(Some(d)))
+    }
+
+    fn plan_tokens(
+        &self,
+        root: BlockHash,
+        tokens: &[u32],
+        range: &Range<usize>,
+        extras: &[Option<u128>],
+    ) -> Result<SlicePlan> {
         let bt = self.layout.block_tokens();
-        let total_blocks = req.tokens.len().div_ceil(bt as usize);
-        if req.block_extras.len() > total_blocks {
-            check_len("block extras", total_blocks, req.block_extras.len())?;
+        let total_blocks = tokens.len().div_ceil(bt as usize);
+        if extras.len() > total_blocks {
+            check_len("block extras", total_blocks, extras.len())?;
         }
-        let blocks = canonical_blocks(&req.range, req.tokens.len(), bt)?;
-        let mut chain = self.chain(req, blocks.end)?;
+        let blocks = canonical_blocks(range, tokens.len(), bt)?;
+        let mut chain = self.chain(root, tokens, extras, blocks.end)?;
         chain.drain(..blocks.start as usize);
         Ok(SlicePlan::new(&self.layout, chain))
     }

@@ -47,6 +47,7 @@ pub struct SlicePlan {
     block_tokens: u32,
     layer_groups: u32,
     head_shards: u32,
+    dropped: Option<Range<usize>>,
 }
 
 impl SlicePlan {
@@ -56,7 +57,22 @@ impl SlicePlan {
             block_tokens: layout.block_tokens(),
             layer_groups: layout.num_layer_groups(),
             head_shards: layout.num_head_shards(),
+            dropped: None,
         }
+    }
+
+    pub(super) fn with_dropped(mut self, dropped: Option<Range<usize>>) -> Self {
+        self.dropped = dropped;
+        self
+    }
+
+    /// The token positions of the request that its budget dropped before
+    /// any key was computed (see [`Request::with_budget`]); `None` if it
+    /// kept them all. The plan's blocks and ranges are over the kept tokens.
+    ///
+    /// [`Request::with_budget`]: super::Request::with_budget
+    pub fn dropped(&self) -> Option<Range<usize>> {
+        self.dropped.clone()
     }
 
     /// The blocks, in sequence order.

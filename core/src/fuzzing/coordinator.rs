@@ -72,6 +72,7 @@ pub fn coordinator(data: &[u8]) {
         Err(e) => {
             assert!(!valid, "valid request rejected: {e:?}");
             region(&mut u, &coord);
+            budget(&mut u, &coord);
             return;
         }
     };
@@ -135,6 +136,7 @@ pub fn coordinator(data: &[u8]) {
         assert!(full.blocks().iter().all(|b| b.hash != last.hash));
     }
     region(&mut u, &coord);
+    budget(&mut u, &coord);
 }
 
 /// Region keys of arbitrary ranges: an error exactly when a dimension is
@@ -167,5 +169,39 @@ fn region(u: &mut Unstructured<'_>, coord: &Coordinator) {
                 "{e:?}"
             );
         }
+    }
+}
+
+/// Token budgets: the plan drops exactly the range the budget names, keeps
+/// `max_tokens` tokens, and matches a plan of the kept tokens in block
+/// count; bad budgets and refusals are errors.
+fn budget(u: &mut Unstructured<'_>, coord: &Coordinator) {
+    use crate::coordinator::{TokenBudget, Truncation};
+    let n = small(u, 1, 60) as usize;
+    let tokens: Vec<u32> = (0..n).map(|_| small(u, 0, 5)).collect();
+    let max_tokens = small(u, 0, 64) as usize;
+    let truncation = match small(u, 0, 2) {
+        0 => Truncation::Refuse,
+        1 => Truncation::KeepLast,
+        _ => Truncation::KeepFirstAndLast {
+            first: small(u, 0, 64) as usize,
+        },
+    };
+    let b = TokenBudget {
+        max_tokens,
+        truncation,
+    };
+    match (
+        b.dropped(n),
+        coord.plan(&Request::new(&tokens).with_budget(b)),
+    ) {
+        (Ok(dropped), Ok(plan)) => {
+            assert_eq!(plan.dropped(), dropped);
+            let kept = n - dropped.map_or(0, |d| d.len());
+            assert!(kept <= max_tokens);
+            assert_eq!(plan.token_range(), 0..kept);
+        }
+        (Err(_), Err(_)) => {}
+        (d, p) => panic!("budget {b:?} on {n} tokens: dropped {d:?}, plan {p:?}"),
     }
 }

@@ -21,6 +21,7 @@ const TAG_ROOT: u8 = 0x00;
 const TAG_FULL_BLOCK: u8 = 0x01;
 const TAG_PARTIAL_BLOCK: u8 = 0x02;
 const TAG_REGION: u8 = 0x03;
+const TAG_TRUNCATED: u8 = 0x04;
 
 /// The deployment's 128-bit hashing key.
 ///
@@ -184,6 +185,17 @@ impl ChainHasher {
             h.write(&r.start.to_le_bytes());
             h.write(&r.end.to_le_bytes());
         }
+        BlockHash(h.finish128().into())
+    }
+
+    /// The root of a sequence whose tokens `dropped` were cut before
+    /// planning: its keys never equal those of a sequence that kept them,
+    /// nor of one that cut elsewhere.
+    pub fn truncated_root(&self, root: BlockHash, dropped: Range<u64>) -> BlockHash {
+        let mut h = self.hasher(TAG_TRUNCATED);
+        h.write(&root.0.to_le_bytes());
+        h.write(&dropped.start.to_le_bytes());
+        h.write(&dropped.end.to_le_bytes());
         BlockHash(h.finish128().into())
     }
 }
