@@ -232,21 +232,27 @@ fn step(op: u32, u: &mut Unstructured<'_>, w: &mut World, arenas: &mut Vec<Vec<u
         }
         8 => {
             let req = pick(u, &w.requests, |id| KvsRequest { id });
-            let key = pick(u, &w.keys, |id| KvsKey {
-                block_lo: id,
-                ..Default::default()
-            });
+            let (slot, key, valid) = match w.shape(req) {
+                // Mostly well-formed: a position of the lane's table with
+                // the plan's key for that block, a full block.
+                Some(shape) if small(u, 0, 3) > 0 && !w.keys.is_empty() => {
+                    let pages = table_tokens(req, shape) / shape.block_tokens;
+                    let slot = small(u, 0, pages.saturating_sub(1) as u32) as usize;
+                    let key = w.keys[slot.min(w.keys.len() - 1)];
+                    (slot, key, shape.block_tokens as u32)
+                }
+                _ => (
+                    small(u, 0, 6) as usize,
+                    pick(u, &w.keys, |id| KvsKey {
+                        block_lo: id,
+                        ..Default::default()
+                    }),
+                    small(u, 0, 5),
+                ),
+            };
             let mut page = 0u32;
             // SAFETY: live locals.
-            ok(unsafe {
-                kvs_publish(
-                    req,
-                    small(u, 0, 6) as usize,
-                    &key,
-                    small(u, 0, 5),
-                    &mut page,
-                )
-            })
+            ok(unsafe { kvs_publish(req, slot, &key, valid, &mut page) })
         }
         9 => {
             let req = pick(u, &w.requests, |id| KvsRequest { id });
@@ -301,8 +307,9 @@ fn plan(u: &mut Unstructured<'_>, w: &mut World) -> bool {
         salt_len: small(u, 0, 1) as usize,
         range_start: small(u, 0, 8) as usize,
         range_end: small(u, 0, 26) as usize,
-        layer_group: small(u, 0, 2),
-        head_shard: small(u, 0, 1),
+        // Mostly lane (0, 0), the lane the other operations use.
+        layer_group: small(u, 0, 7).saturating_sub(5),
+        head_shard: small(u, 0, 7).saturating_sub(6),
     };
     let cap = small(u, 0, 12) as usize;
     let mut keys = vec![KvsKey::default(); cap];
