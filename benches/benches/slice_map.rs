@@ -227,7 +227,7 @@ fn bench_lookup_prefix(c: &mut Criterion) {
         .collect();
     let mut g = c.benchmark_group("lookup_prefix/32_blocks_hit");
     for name in ["default", "clock", "lru", "tinylfu", "chain"] {
-        let policy = kvslice_benches::policy::online(name, 64).unwrap();
+        let policy = kvslice_core::evict::by_name(name, 64).unwrap();
         let store = CacheStore::new(layout, 64, policy).unwrap();
         {
             let guard = store.pin();

@@ -1,4 +1,5 @@
-//! Eviction policies by name, and the offline Belady oracle.
+//! The policy names the binary takes, and the offline Belady oracle (the
+//! online policies come from `kvslice_core::evict::by_name`).
 
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
@@ -10,15 +11,6 @@ use kvslice_core::{EvictPass, EvictionPolicy, PageEvent, PageId};
 pub const POLICIES: [&str; 7] = [
     "default", "lru", "clock", "tinylfu", "chain", "density", "belady",
 ];
-
-/// An online policy by name (`belady` needs the future: see [`Belady`]).
-///
-/// `default` is [`DensityPolicy`](kvslice_core::DensityPolicy): leaves ranked by the hits per slot-time
-/// they can still bring, learned per conversation turn count from every
-/// observed reuse (see docs/EVICTION.md for its margins against LRU).
-pub fn online(name: &str, capacity: u32) -> Option<Box<dyn EvictionPolicy>> {
-    kvslice_core::evict::by_name(name, capacity)
-}
 
 /// Belady's MIN: evicts the page whose key is next used farthest in the
 /// future. Offline (it is given the whole schedule), single-threaded, for

@@ -19,7 +19,7 @@ use kvslice_core::{
     LayoutSpec, SliceKey,
 };
 
-use crate::policy::{self, Belady};
+use crate::policy::Belady;
 use crate::trace::{TRACE_BLOCK_TOKENS, Trace};
 
 /// What to replay with.
@@ -148,9 +148,9 @@ pub fn replay(trace: &Trace, cfg: &ReplayConfig) -> Result<ReplayReport, Error> 
             started,
         );
     }
-    let policy = policy::online(&cfg.policy, cfg.capacity_blocks).ok_or(Error::InvalidValue(
-        "unknown policy (see --help for the list)",
-    ))?;
+    let policy = kvslice_core::evict::by_name(&cfg.policy, cfg.capacity_blocks).ok_or(
+        Error::InvalidValue("unknown policy (see --help for the list)"),
+    )?;
     let store = CacheStore::new(layout, cfg.capacity_blocks, policy)?;
     run(trace, cfg, &keys, &store, |_| {}, started)
 }

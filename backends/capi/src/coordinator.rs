@@ -115,13 +115,7 @@ pub unsafe extern "C" fn kvs_plan(
         if written {
             Ok(())
         } else {
-            Err(Failure::new(
-                KvsStatus::BufferTooSmall,
-                format!(
-                    "the plan has {} keys, `keys` has room for {keys_cap}",
-                    plan_info.blocks
-                ),
-            ))
+            Err(Failure::too_small("plan keys", plan_info.blocks, keys_cap))
         }
     })
 }

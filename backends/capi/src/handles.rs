@@ -67,20 +67,25 @@ fn key(id: u64) -> Outcome<usize> {
         .map_err(|_| Failure::new(KvsStatus::InvalidHandle, format!("no handle has id {id}")))
 }
 
+/// The live object `id` names; `kind` is for the message.
+fn lookup(id: u64, kind: &'static str) -> Outcome<Entry> {
+    OBJECTS.get(key(id)?).ok_or_else(|| gone(id, kind))
+}
+
 /// The object `id` names, which must be a `kind` (checked by `pick`).
 pub(crate) fn get<T>(
     id: u64,
     kind: &'static str,
     pick: impl FnOnce(&Object) -> Option<T>,
 ) -> Outcome<T> {
-    let entry = OBJECTS.get(key(id)?).ok_or_else(|| gone(id, kind))?;
+    let entry = lookup(id, kind)?;
     pick(&entry).ok_or_else(|| wrong_kind(id, kind, entry.kind()))
 }
 
 /// The slab entry of `id`, checked to be a `kind`, for objects used in
 /// place (a request's lock, the engine).
 pub(crate) fn entry(id: u64, kind: &'static str, is: fn(&Object) -> bool) -> Outcome<Entry> {
-    let entry = OBJECTS.get(key(id)?).ok_or_else(|| gone(id, kind))?;
+    let entry = lookup(id, kind)?;
     if !is(&entry) {
         return Err(wrong_kind(id, kind, entry.kind()));
     }
@@ -90,14 +95,13 @@ pub(crate) fn entry(id: u64, kind: &'static str, is: fn(&Object) -> bool) -> Out
 /// Destroys the `kind` named by `id`; `check` may refuse (the object is
 /// still in use), and then the handle stays valid.
 pub(crate) fn remove(id: u64, kind: &'static str, check: fn(&Object) -> Outcome<bool>) -> Outcome {
-    let k = key(id)?;
     {
-        let entry = OBJECTS.get(k).ok_or_else(|| gone(id, kind))?;
+        let entry = lookup(id, kind)?;
         if !check(&entry)? {
             return Err(wrong_kind(id, kind, entry.kind()));
         }
     }
-    if OBJECTS.remove(k) {
+    if OBJECTS.remove(key(id)?) {
         Ok(())
     } else {
         Err(gone(id, kind))
@@ -112,9 +116,10 @@ pub(crate) fn lock_request(entry: &Entry) -> Outcome<MutexGuard<'_, RequestObj>>
     };
     match m.try_lock() {
         Ok(g) => Ok(g),
-        // A panic inside an earlier call was caught at the boundary; the
-        // request's pages were put back by the guard that panicked
-        // (see `request::Lanes`), so the state is still consistent.
+        // A panic inside an earlier call was caught at the boundary. The
+        // pages that call had taken out of the request were released by
+        // their guards as it unwound (see `request::Lanes::take`): the
+        // request is consistent, if shorter.
         Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
         Err(TryLockError::WouldBlock) => Err(Failure::new(
             KvsStatus::Busy,

@@ -48,9 +48,7 @@ pub(crate) struct RequestObj {
 
 impl RequestObj {
     pub(crate) fn ticket(&self) -> Outcome<&RequestTicket> {
-        self.ticket
-            .as_ref()
-            .ok_or_else(|| Failure::new(KvsStatus::InvalidHandle, "the request has ended"))
+        live(&self.ticket)
     }
 
     pub(crate) fn lane_index(&self, layer_group: u32, head_shard: u32) -> Outcome<usize> {
@@ -100,6 +98,13 @@ impl RequestObj {
             })
             .collect()
     }
+}
+
+/// The ticket of a request that has not ended.
+fn live(ticket: &Option<RequestTicket>) -> Outcome<&RequestTicket> {
+    ticket
+        .as_ref()
+        .ok_or_else(|| Failure::new(KvsStatus::InvalidHandle, "the request has ended"))
 }
 
 impl Drop for RequestObj {
@@ -372,10 +377,8 @@ fn publish(r: &mut RequestObj, slot: usize, key: KvsKey, valid_tokens: u32) -> O
             slot - 1
         )));
     }
-    let ticket = r
-        .ticket
-        .as_ref()
-        .ok_or_else(|| Failure::new(KvsStatus::InvalidHandle, "the request has ended"))?;
+    // Through the field, not `ticket()`: the lanes are borrowed mutably next.
+    let ticket = live(&r.ticket)?;
     let pool = store.store.pool();
     let slots = &mut r.lanes[lane];
     let Slot::Fill(fill) = std::mem::replace(&mut slots[slot], Slot::Lost) else {
@@ -450,13 +453,7 @@ pub unsafe extern "C" fn kvs_block_table(
         // SAFETY: checked above; the caller's promise on `len`.
         unsafe { args::write_out(len, table.len(), "len") }?;
         if table.len() > out.len() {
-            return Err(Failure::new(
-                KvsStatus::BufferTooSmall,
-                format!(
-                    "the lane has {} pages, `pages` has room for {cap}",
-                    table.len()
-                ),
-            ));
+            return Err(Failure::too_small("page ids", table.len(), cap));
         }
         for (o, id) in out.iter_mut().zip(&table) {
             *o = id.0;

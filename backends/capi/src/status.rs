@@ -61,6 +61,14 @@ impl Failure {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::new(KvsStatus::InvalidArgument, message)
     }
+
+    /// An output buffer with room for `cap` where `need` are needed.
+    pub(crate) fn too_small(what: &str, need: usize, cap: usize) -> Self {
+        Self::new(
+            KvsStatus::BufferTooSmall,
+            format!("{need} {what} to write, room for {cap}"),
+        )
+    }
 }
 
 impl From<Error> for Failure {

@@ -248,7 +248,7 @@ where
             ((f64::from(working_set_pages) * strategy.capacity_fraction).ceil() as u32)
                 .max(request_pages)
         };
-        let policy = crate::policy::online(&strategy.policy, capacity)
+        let policy = kvslice_core::evict::by_name(&strategy.policy, capacity)
             .ok_or_else(|| LlmError::Format(format!("unknown policy {:?}", strategy.policy)))?;
         let store = CacheStore::new(layout, capacity, policy)?;
         let runner = Runner::new(&model.llama, engine, layout, *b"kvslice-profile!");
