@@ -198,6 +198,7 @@ fn run_all(
                 policy: p.clone(),
                 capacity_blocks: c,
                 threads: if p == "belady" { 1 } else { args.threads },
+                lockstep: false,
                 progress,
             };
             reports.push(replay(trace, &cfg).map_err(|e| format!("{p} at {c} blocks: {e}"))?);

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use kvslice_core::epoch::Guard;
 use kvslice_core::store::fingerprint;
 use kvslice_core::{
     CacheStore, Coordinator, Error, EvictionPolicy, HashSecret, KeyScope, KvDtype, KvLayout,
-    LayoutSpec, SliceKey,
+    LayoutSpec, PageRef, RequestTicket, SliceKey,
 };
 
 use crate::policy::Belady;
@@ -29,8 +30,15 @@ pub struct ReplayConfig {
     pub policy: String,
     /// Cache capacity in blocks (pages).
     pub capacity_blocks: u32,
-    /// Worker threads serving requests concurrently.
+    /// Worker threads serving requests concurrently (or, in
+    /// [`lockstep`](Self::lockstep), requests in flight at once).
     pub threads: usize,
+    /// Serve `threads` requests at a time on the calling thread, in
+    /// lockstep: every one's lookup, then every one's allocation and
+    /// publishes, then every one's end. Requests interleave the same way
+    /// on every run, so tests can compare policies under concurrency
+    /// without the scheduler deciding the outcome.
+    pub lockstep: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
 }
@@ -182,38 +190,65 @@ fn run<E: EvictionPolicy>(
     let uncached = AtomicU64::new(0);
     let latencies = Mutex::new(Vec::with_capacity(n));
     let failure: Mutex<Option<Error>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..cfg.threads {
-            s.spawn(|| {
-                let mut lat = Vec::new();
-                let mut held = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Relaxed);
-                    if i >= n {
-                        break;
-                    }
-                    if let Err(e) = serve(
-                        store,
-                        trace.requests[i].input_length,
-                        &keys.per_request[i],
-                        i as u32,
-                        &before_request,
-                        &mut held,
-                        &mut lat,
-                        &uncached,
-                    ) {
-                        *failure.lock().unwrap() = Some(e);
-                        next.store(n, Relaxed);
-                        break;
-                    }
-                    if i.is_multiple_of(256) {
-                        bar.set_position(i as u64);
-                    }
-                }
-                latencies.lock().unwrap().extend(lat);
-            });
+    if cfg.lockstep {
+        let mut lat = Vec::with_capacity(n);
+        let mut held: Vec<Vec<_>> = (0..cfg.threads).map(|_| Vec::new()).collect();
+        for first in (0..n).step_by(cfg.threads) {
+            let group = first..(first + cfg.threads).min(n);
+            let mut open = Vec::with_capacity(group.len());
+            for (i, held) in group.clone().zip(&mut held) {
+                before_request(i as u32);
+                let guard = store.pin();
+                let (req, hits) = lookup(store, trace, keys, i, &guard, held, &mut lat)?;
+                open.push((req, hits));
+            }
+            for ((i, held), (req, hits)) in group.clone().zip(&mut held).zip(&open) {
+                let guard = store.pin();
+                fill(store, trace, keys, i, *hits, req, &guard, held, &uncached)?;
+            }
+            for (held, (req, _)) in held.iter_mut().zip(open) {
+                held.clear();
+                store.end_request(req)?;
+            }
+            if first % 256 < cfg.threads {
+                bar.set_position(first as u64);
+            }
         }
-    });
+        latencies.lock().unwrap().extend(lat);
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..cfg.threads {
+                s.spawn(|| {
+                    let mut lat = Vec::new();
+                    let mut held = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        if let Err(e) = serve(
+                            store,
+                            trace,
+                            keys,
+                            i,
+                            &before_request,
+                            &mut held,
+                            &mut lat,
+                            &uncached,
+                        ) {
+                            *failure.lock().unwrap() = Some(e);
+                            next.store(n, Relaxed);
+                            break;
+                        }
+                        if i.is_multiple_of(256) {
+                            bar.set_position(i as u64);
+                        }
+                    }
+                    latencies.lock().unwrap().extend(lat);
+                });
+            }
+        });
+    }
     bar.finish_and_clear();
     if let Some(e) = failure.into_inner().unwrap() {
         return Err(e);
@@ -249,38 +284,80 @@ fn run<E: EvictionPolicy>(
 #[allow(clippy::too_many_arguments)]
 fn serve<'s, E: EvictionPolicy>(
     store: &'s CacheStore<'static, E>,
-    input_length: u64,
-    keys: &[SliceKey],
-    index: u32,
+    trace: &Trace,
+    keys: &Keys,
+    i: usize,
     before_request: &impl Fn(u32),
-    held: &mut Vec<kvslice_core::PageRef<'s, 'static>>,
+    held: &mut Vec<PageRef<'s, 'static>>,
     lat: &mut Vec<u64>,
     uncached: &AtomicU64,
 ) -> Result<(), Error> {
-    before_request(index);
+    before_request(i as u32);
     let guard = store.pin();
-    let req = store.begin_request();
-    let t0 = Instant::now();
-    let hits = store.lookup_prefix(&req, keys, input_length as usize, &guard, held)?;
-    lat.push(t0.elapsed().as_nanos() as u64);
-    let missing = (keys.len() - hits) as u32;
-    if missing > 0 {
-        match store.allocate(missing, &guard) {
-            Ok(pages) => {
-                let bt = u64::from(TRACE_BLOCK_TOKENS);
-                for (key, page) in keys[hits..].iter().zip(pages) {
-                    let start = u64::from(key.block_index) * bt;
-                    let valid = (input_length - start).min(bt) as u32;
-                    let r = store.publish(&req, page, *key, held.last(), valid, &guard)?;
-                    held.push(r);
-                }
-            }
-            Err(Error::CapacityExhausted(_)) => {
-                uncached.fetch_add(1, Relaxed);
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    let (req, hits) = lookup(store, trace, keys, i, &guard, held, lat)?;
+    fill(store, trace, keys, i, hits, &req, &guard, held, uncached)?;
     held.clear();
     store.end_request(req)
+}
+
+/// Starts request `i` and takes references on its cached prefix
+/// (appended to `held`), timing the lookup; returns the ticket and hits.
+fn lookup<'s, E: EvictionPolicy>(
+    store: &'s CacheStore<'static, E>,
+    trace: &Trace,
+    keys: &Keys,
+    i: usize,
+    guard: &Guard,
+    held: &mut Vec<PageRef<'s, 'static>>,
+    lat: &mut Vec<u64>,
+) -> Result<(RequestTicket, usize), Error> {
+    let req = store.begin_request();
+    let t0 = Instant::now();
+    let hits = store.lookup_prefix(
+        &req,
+        &keys.per_request[i],
+        trace.requests[i].input_length as usize,
+        guard,
+        held,
+    )?;
+    lat.push(t0.elapsed().as_nanos() as u64);
+    Ok((req, hits))
+}
+
+/// Allocates and publishes request `i`'s blocks after its `hits`, holding
+/// them in `held` (a request whose blocks get no pages caches nothing).
+#[allow(clippy::too_many_arguments)]
+fn fill<'s, E: EvictionPolicy>(
+    store: &'s CacheStore<'static, E>,
+    trace: &Trace,
+    keys: &Keys,
+    i: usize,
+    hits: usize,
+    req: &RequestTicket,
+    guard: &Guard,
+    held: &mut Vec<PageRef<'s, 'static>>,
+    uncached: &AtomicU64,
+) -> Result<(), Error> {
+    let (keys, input_length) = (&keys.per_request[i], trace.requests[i].input_length);
+    let missing = (keys.len() - hits) as u32;
+    if missing == 0 {
+        return Ok(());
+    }
+    match store.allocate(missing, guard) {
+        Ok(pages) => {
+            let bt = u64::from(TRACE_BLOCK_TOKENS);
+            for (key, page) in keys[hits..].iter().zip(pages) {
+                let start = u64::from(key.block_index) * bt;
+                let valid = (input_length - start).min(bt) as u32;
+                let r = store.publish(req, page, *key, held.last(), valid, guard)?;
+                held.push(r);
+            }
+            Ok(())
+        }
+        Err(Error::CapacityExhausted(_)) => {
+            uncached.fetch_add(1, Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
