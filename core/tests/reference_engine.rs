@@ -1,7 +1,7 @@
 //! The reference engine against dense, unpaged f64 attention, and its
 //! input checks.
 
-use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+use kvslice_core::testkit::{Rng, Scenario, max_rel_err, window_suite_on};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, KvPart, KvWrite,
     LayerGrouping, LayoutSpec, PageBuf, PageId, PageMemory, ReferenceEngine, SeqAttention,
@@ -55,6 +55,58 @@ fn check(dtype: KvDtype, bt: u32, seqs: &[(usize, usize)], seed: u64) {
             }
         }
     }
+}
+
+/// Sliding windows: the shared window suite (placeholders before every
+/// window, so a read of one fails), then the bad input a window brings.
+#[test]
+fn windows_match_naive_f64() {
+    let n = window_suite_on(
+        &ReferenceEngine,
+        &[KeyOrder::TokenMajor, KeyOrder::DimMajor],
+        |p| p.clone(),
+    );
+    assert!(n > 100, "{n} checks");
+}
+
+#[test]
+fn windows_refuse_zero_and_placeholders_they_need() {
+    // Pages of 4 tokens; 6 tokens of context, decode at position 5.
+    let (pages, table) = small();
+    let q = [0.5f32; 16];
+    let mut out = [0f32; 16];
+    let seqs = [SeqAttention {
+        block_table: &table,
+        kv_len: 6,
+        q_len: 1,
+    }];
+    let zero = AttentionBatch::for_layer(1, &seqs, &q, 1.0).window(0);
+    assert_eq!(
+        ReferenceEngine.attend(&pages, &zero, &mut out),
+        Err(Error::InvalidValue(
+            "attention window must be at least one token"
+        ))
+    );
+    // Block 0 released, but a window of 3 reads keys 3..=5.
+    let released = [PageId::PLACEHOLDER, table[1]];
+    let seqs = [SeqAttention {
+        block_table: &released,
+        kv_len: 6,
+        q_len: 1,
+    }];
+    let wide = AttentionBatch::for_layer(1, &seqs, &q, 1.0).window(3);
+    assert!(matches!(
+        ReferenceEngine.attend(&pages, &wide, &mut out),
+        Err(Error::OutOfRange {
+            index: 0,
+            bound: 0,
+            ..
+        })
+    ));
+    // A window of 2 reads keys 4..=5, block 1 only.
+    let narrow = AttentionBatch::for_layer(1, &seqs, &q, 1.0).window(2);
+    ReferenceEngine.attend(&pages, &narrow, &mut out).unwrap();
+    assert!(out.iter().all(|x| x.is_finite()));
 }
 
 #[test]

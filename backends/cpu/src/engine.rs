@@ -305,8 +305,13 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         let bt = shape.layout.block_tokens() as usize;
         let kv_heads = shape.shard.num_kv_heads();
         let ratio = shape.layout.gqa_ratio() as usize;
-        let total_tokens: usize =
-            batch.seqs.iter().map(|s| s.kv_len).sum::<usize>() * kv_heads as usize;
+        // Keys the call reads: from each sequence's first window on.
+        let total_tokens: usize = batch
+            .seqs
+            .iter()
+            .map(|s| s.kv_len - s.keys_seen(0, batch.window).start)
+            .sum::<usize>()
+            * kv_heads as usize;
         let chunk = |heads: u32| self.chunk_tokens(total_tokens, heads, bt);
         let mut tasks = Vec::new();
         let mut q_base = 0;
@@ -333,10 +338,13 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
                     kv_len: s.kv_len - (s.q_len - upto),
                     q_len: upto - tile,
                 };
+                // Keys before the tile's first window are never read; chunks
+                // after the first start on page boundaries.
+                let from = view.keys_seen(0, batch.window).start;
                 for kv_head in (0..kv_heads).step_by(heads as usize) {
-                    let mut start = 0;
+                    let mut start = from;
                     while start < view.kv_len {
-                        let end = (start + chunk(heads)).min(view.kv_len);
+                        let end = (start / bt * bt + chunk(heads)).min(view.kv_len);
                         tasks.push(Task {
                             seq,
                             tile,
@@ -544,9 +552,11 @@ impl CpuEngine {
         } else {
             1
         };
-        // Keys before this position are seen by every row (the first
-        // query token's causal limit).
+        // Keys in `from_all..seen_by_all` are seen by every row: after the
+        // last query token's window start, before the first one's causal
+        // limit.
         let seen_by_all = (seq.kv_len + 1).saturating_sub(seq.q_len);
+        let from_all = seq.keys_seen(seq.q_len - 1, batch.window).start;
         // Dim-major keys reach the four-row kernels in whole blocks only,
         // so a partial last block (most decode steps have one) is a span
         // of its own rather than sending the whole span the slow way.
@@ -555,7 +565,8 @@ impl CpuEngine {
         // every row sees them, at least one block.
         let span_end = |pos: usize| {
             let mut end = ((pos / bt + 1) * bt).min(t.end);
-            for _ in 1..max_blocks {
+            let extend = if pos < from_all { 1 } else { max_blocks };
+            for _ in 1..extend {
                 let more = (end + bt).min(t.end);
                 if end == t.end || more > seen_by_all || (dim_major && more - end < bt) {
                     break;
@@ -656,7 +667,15 @@ impl CpuEngine {
                     first,
                     dim_major: dim_major.then_some(bt),
                 };
-                self.score_block(layout, seq, &q[h.q.clone()], &mut h.part, &keys, scratch);
+                self.score_block(
+                    layout,
+                    seq,
+                    batch.window,
+                    &q[h.q.clone()],
+                    &mut h.part,
+                    &keys,
+                    scratch,
+                );
             }
             for i in 0..heads.len() {
                 let ahead = match (heads.get(i + 1), &next) {
@@ -703,10 +722,12 @@ impl CpuEngine {
     /// on (those that see any of it), folds them into the rows' softmax
     /// state (rescaling their accumulators) and leaves the weights in the
     /// head's slot of [`Scratch::weights`].
+    #[allow(clippy::too_many_arguments)]
     fn score_block(
         &self,
         layout: &kvslice_core::KvLayout,
         seq: &SeqAttention<'_>,
+        window: Option<u32>,
         q: &[f32],
         part: &mut Partials,
         keys: &Block<'_>,
@@ -715,8 +736,7 @@ impl CpuEngine {
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
         let ratio = layout.gqa_ratio() as usize;
-        let (q_len, rows, n, pos, first) =
-            (seq.q_len, part.max.len(), keys.n, keys.pos, keys.first);
+        let (rows, n, pos, first) = (part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
         let Scratch {
             weights,
@@ -729,19 +749,24 @@ impl CpuEngine {
         } = scratch;
         let scores = &mut weights[keys.weights(rows, *slot_len)];
         let q = &q[first * hd..];
-        // Row `r` sees a prefix of the block under the causal mask; rows
-        // are token-major, so those that see all of it are a suffix
-        // (every row in decode).
+        // Row `r` sees a range of the span: a prefix under the causal
+        // mask, a suffix under a window. Rows are token-major, so those
+        // that see all of it are consecutive (every row in decode).
         let rescale = &mut rescale[..live];
-        let visible = |r: usize| visible_keys(seq.kv_len - q_len + r / ratio, pos, n);
-        let full = (first..rows).find(|&r| visible(r) == n).unwrap_or(rows);
+        let visible = |r: usize| {
+            let seen = seq.keys_seen(r / ratio, window);
+            seen.start.clamp(pos, pos + n) - pos..seen.end.clamp(pos, pos + n) - pos
+        };
+        let whole = |r: usize| visible(r) == (0..n);
+        let full_from = (first..rows).find(|&r| whole(r)).unwrap_or(rows);
+        let full = full_from..(full_from..rows).find(|&r| !whole(r)).unwrap_or(rows);
         // Four rows that all see the whole block (GQA decode with four
         // query heads per kv head, or four token-major rows off the causal
         // diagonal): scores and softmax in one call. Dim-major keys go
         // there in whole blocks of a multiple of 16 keys.
         let four = self
             .four_row_kernels(hd)
-            .filter(|_| live == 4 && full == first);
+            .filter(|_| live == 4 && full == (first..rows));
         let four = match keys.dim_major {
             None => four.map(|fk| fk.scores_softmax),
             Some(bt) => four
@@ -773,8 +798,8 @@ impl CpuEngine {
 
     /// [`Self::score_block`]'s general case: the scores of rows
     /// `keys.first..` into `scores`, then their softmax, one call for the
-    /// rows from `full` on (which see every key), one per row before
-    /// (row `r` sees `visible(r)` keys).
+    /// rows in `full` (which see every key), one per other row (row `r`
+    /// sees keys `visible(r)` of the span).
     #[allow(clippy::too_many_arguments)]
     fn scores_then_softmax(
         &self,
@@ -786,8 +811,8 @@ impl CpuEngine {
         block: &mut [f32],
         part: &mut Partials,
         rescale: &mut [f32],
-        visible: &dyn Fn(usize) -> usize,
-        full: usize,
+        visible: &dyn Fn(usize) -> std::ops::Range<usize>,
+        full: std::ops::Range<usize>,
     ) {
         let k = &self.kernels;
         let (rows, n, first) = (part.max.len(), keys.n, keys.first);
@@ -806,29 +831,31 @@ impl CpuEngine {
             (k.scores)(q, live, widened, n, scores, ahead);
         }
         // One softmax call for the rows that see the whole block, one per
-        // row on the diagonal, where the hidden scores get weight 0.
-        for r in first..full {
+        // row on the causal diagonal or a window's edge, where the hidden
+        // scores get weight 0.
+        for r in (first..rows).filter(|r| !full.contains(r)) {
             let (i, seen) = (r - first, visible(r));
             let s = &mut scores[i * n..(i + 1) * n];
             rescale[i] = 1.0;
-            if seen > 0 {
+            if !seen.is_empty() {
                 (k.softmax_rows)(
-                    &mut s[..seen],
-                    seen,
+                    &mut s[seen.clone()],
+                    seen.len(),
                     &mut part.max[r..=r],
                     &mut part.sum[r..=r],
                     &mut rescale[i..=i],
                 );
             }
-            s[seen..].fill(0.0);
+            s[..seen.start].fill(0.0);
+            s[seen.end..].fill(0.0);
         }
-        if full < rows {
+        if !full.is_empty() {
             (k.softmax_rows)(
-                &mut scores[(full - first) * n..],
+                &mut scores[(full.start - first) * n..(full.end - first) * n],
                 n,
-                &mut part.max[full..],
-                &mut part.sum[full..],
-                &mut rescale[full - first..],
+                &mut part.max[full.clone()],
+                &mut part.sum[full.clone()],
+                &mut rescale[full.start - first..full.end - first],
             );
         }
     }
@@ -994,12 +1021,6 @@ impl Block<'_> {
         }
         ahead
     }
-}
-
-/// Keys of a block (starting at position `pos`, `n` long) that a query at
-/// position `q_pos` sees under the causal mask.
-fn visible_keys(q_pos: usize, pos: usize, n: usize) -> usize {
-    (q_pos + 1).saturating_sub(pos).min(n)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! engine, against the reference engine and dense f64 attention; non-finite
 //! input is a typed error that leaves pages untouched; then one of the
 //! engines-agree edge cases (extreme magnitudes, duplicate pages) with
-//! arbitrary builder arguments.
+//! arbitrary builder arguments; then the first case under a sliding window
+//! with the pages before it released.
 
 use arbitrary::Unstructured;
 use kvslice_core::testkit::{Rng, Scenario, all_close, edge_cases, max_rel_err, tolerance};
@@ -123,6 +124,7 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
     }
 
     // Non-finite queries and K/V are typed errors; pages stay as they were.
+    let finite_q = q.clone();
     if let Some(x) = q.first_mut() {
         *x = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][small(&mut u, 0, 2) as usize];
         let bad = AttentionBatch::new(layer, shard, &table, &q, scale);
@@ -178,5 +180,34 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
         "{}: {got:?} vs {want:?}",
         case.name
     );
+    // Drawn last as well: the first case again under a sliding window
+    // (zero is a typed error), the blocks before every window placeholders,
+    // both engines against the windowed f64 oracle.
+    let window = small(&mut u, 0, 30);
+    let tables = sc
+        .placeholder_tables(layer, shard, Some(window.max(1)))
+        .expect("in range");
+    let seqs = sc.seq_attention_over(&tables);
+    let batch = AttentionBatch::new(layer, shard, &seqs, &finite_q, scale).window(window);
+    let want = sc
+        .naive_f64_window(layer, shard, &finite_q, scale, Some(window))
+        .expect("in range");
+    for engine in [&engine as &dyn AttentionEngine<_>, &ReferenceEngine] {
+        let r = engine.attend(&sc.pages, &batch, &mut out);
+        if window == 0 {
+            assert!(matches!(r, Err(Error::InvalidValue(_))), "{r:?}");
+            continue;
+        }
+        r.expect("a windowed batch with placeholders before its windows");
+        let (atol, rtol) = match dtype {
+            KvDtype::F32 => (1e-6, 1e-5),
+            _ => tolerance(dtype),
+        };
+        assert!(
+            all_close(&out, &want, atol, rtol),
+            "window {window}: max relative error {:e}",
+            max_rel_err(&out, &want)
+        );
+    }
     rerun
 }

@@ -2,7 +2,7 @@
 //! with every kernel set the CPU runs, one thread and forced split-K; and
 //! bad input rejected before any compute.
 
-use kvslice_core::testkit::{Rng, Scenario, accuracy_suite, max_rel_err};
+use kvslice_core::testkit::{Rng, Scenario, accuracy_suite, max_rel_err, window_suite_on};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, LayoutSpec, PageBuf,
     PageId, SeqAttention,
@@ -19,6 +19,53 @@ fn every_kernel_set_passes_the_suite() {
     for k in Kernels::supported().into_iter().filter(wanted) {
         println!("kernels: {}", k.name);
         assert!(accuracy_suite(&CpuEngine::new().with_kernels(k)) > 100);
+    }
+}
+
+/// Sliding windows against the f64 oracle (every kernel set, both key
+/// orders, every dtype, windows of 1, 7, a page and either side of it,
+/// and longer than the context), with the pages before every window
+/// replaced by placeholders, so that reading one fails.
+#[test]
+fn every_kernel_set_passes_the_window_suite() {
+    let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
+    let wanted = |k: &Kernels| required.as_deref().is_none_or(|r| r == k.name);
+    let orders = [KeyOrder::TokenMajor, KeyOrder::DimMajor];
+    for k in Kernels::supported().into_iter().filter(wanted) {
+        let n = window_suite_on(&CpuEngine::new().with_kernels(k), &orders, |p| p.clone());
+        println!("kernels: {} windows: {n} checks", k.name);
+        assert!(n > 100);
+    }
+}
+
+/// Windows inside and across query tiles, split-K chunks and spans of
+/// several blocks, with one thread and several: the window's edge falls
+/// mid-block, mid-span and mid-tile.
+#[test]
+fn windows_across_tiles_chunks_and_spans_agree() {
+    let mut rng = Rng::new(37);
+    type Case = (u32, u32, u32, &'static [(usize, usize)]);
+    let cases: [Case; 3] = [
+        (8, 2, 16, &[(300, 300), (120, 37), (1000, 1), (64, 4)]),
+        (4, 4, 5, &[(90, 61), (7, 7), (333, 2)]),
+        (4, 1, 16, &[(150, 100), (300, 3)]),
+    ];
+    for (qh, kvh, bt, seqs) in cases {
+        let layout = KvLayout::new(LayoutSpec::new(1, qh, kvh, 32, bt, KvDtype::F16)).unwrap();
+        let engines = [
+            CpuEngine::new(),
+            CpuEngine::new().with_query_tile_rows(0).with_threads(1),
+            CpuEngine::new().with_query_tile_rows(1).with_threads(1),
+            CpuEngine::new().with_query_tile_rows(7).with_span_keys(0),
+            CpuEngine::new()
+                .with_query_tile_rows(40)
+                .with_span_keys(1000)
+                .with_threads(3)
+                .with_chunk_pages(2),
+        ];
+        for window in [1, 3, bt, 2 * bt + 3, 100, 5000] {
+            agree_with_oracle_windowed(layout, seqs, &mut rng, &engines, Some(window));
+        }
     }
 }
 
@@ -142,18 +189,35 @@ fn agree_with_oracle(
     rng: &mut Rng,
     engines: &[CpuEngine],
 ) {
+    agree_with_oracle_windowed(layout, seqs, rng, engines, None);
+}
+
+/// [`agree_with_oracle`] under an attention window, the blocks before
+/// every window placeholders.
+fn agree_with_oracle_windowed(
+    layout: KvLayout,
+    seqs: &[(usize, usize)],
+    rng: &mut Rng,
+    engines: &[CpuEngine],
+    window: Option<u32>,
+) {
     for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
         let layout = KvLayout::new(layout.spec().with_key_order(order)).unwrap();
         let sc = Scenario::random(layout, seqs, rng).unwrap();
         let q = sc.random_queries(0, rng).unwrap();
-        let table = sc.seq_attention(0, 0).unwrap();
-        let batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
-        let want = sc.naive_f64(0, 0, &q, 0.17).unwrap();
+        let tables = sc.placeholder_tables(0, 0, window).unwrap();
+        let table = sc.seq_attention_over(&tables);
+        let mut batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
+        batch.window = window;
+        let want = sc.naive_f64_window(0, 0, &q, 0.17, window).unwrap();
         for engine in engines {
             let mut out = vec![f32::NAN; q.len()];
             engine.attend(&sc.pages, &batch, &mut out).unwrap();
             let err = max_rel_err(&out, &want);
-            assert!(err < 1e-5, "{layout:?}, {seqs:?}, {engine:?}: {err:e}");
+            assert!(
+                err < 1e-5,
+                "{layout:?}, {seqs:?}, window {window:?}, {engine:?}: {err:e}"
+            );
         }
     }
 }

@@ -292,6 +292,8 @@ struct Params {
     start: u32,
     tokens: u32,
     kv_heads: u32,
+    /// Sliding window in tokens; `u32::MAX` for none.
+    window: u32,
 }
 
 impl Params {
@@ -311,7 +313,7 @@ impl Params {
             self.start,
             self.tokens,
             self.kv_heads,
-            0,
+            self.window,
             0,
         ]
     }
@@ -350,6 +352,7 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
         let rows = tile_rows(longest.saturating_mul(gqa), max_rows);
         let cut = plan(
             batch.seqs,
+            batch.window,
             layout.block_tokens(),
             kv_heads,
             gqa,
@@ -373,6 +376,7 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
             q_heads,
             gqa,
             scale: batch.scale,
+            window: batch.window.unwrap_or(u32::MAX),
             ..Self::base_params(&layout, shape.layer_in_group, pages)?
         };
         let (ax, ay) = self.grid(cut.work.len() as u32)?;

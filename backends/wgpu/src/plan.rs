@@ -4,7 +4,8 @@
 //! `i·gqa + g` is token `i`, query head `g` of the group), so GQA reads each
 //! kv head's pages once per tile of rows, not once per query head. Each tile
 //! is split along the context (flash-decoding) when there are too few tiles
-//! to fill the device; splits past a tile's causal horizon are never made.
+//! to fill the device; splits past a tile's causal horizon, or before its
+//! first row's sliding window, are never made.
 //! Every (tile, split) is one workgroup of the attention pass and writes one
 //! partial (max, sum, unnormalised output) per row; the merge pass combines a
 //! tile's splits by log-sum-exp.
@@ -94,11 +95,12 @@ pub(crate) fn tile_rows(rows: u32, max_rows: u32) -> u32 {
     rows.next_power_of_two().clamp(1, max_rows)
 }
 
-/// Cuts `seqs` (already validated, pages of `block_tokens`) for `kv_heads`
-/// heads of GQA ratio `gqa` into tiles of `tile` rows, splitting contexts
-/// so that about `target` workgroups run.
+/// Cuts `seqs` (already validated, pages of `block_tokens`, attention
+/// `window` if any) for `kv_heads` heads of GQA ratio `gqa` into tiles of
+/// `tile` rows, splitting contexts so that about `target` workgroups run.
 pub(crate) fn plan(
     seqs: &[SeqAttention<'_>],
+    window: Option<u32>,
     block_tokens: u32,
     kv_heads: u32,
     gqa: u32,
@@ -109,7 +111,8 @@ pub(crate) fn plan(
     let mut max_kv = 0u32;
     for s in seqs {
         tiles += u64::from(kv_heads) * u64::from((s.q_len as u32 * gqa).div_ceil(tile));
-        max_kv = max_kv.max(s.kv_len as u32);
+        let read = s.kv_len - s.keys_seen(0, window).start;
+        max_kv = max_kv.max(read as u32);
     }
     let split = if tiles >= u64::from(target) || tiles == 0 {
         max_kv.max(1).next_multiple_of(KEY_TILE)
@@ -138,10 +141,12 @@ pub(crate) fn plan(
         for head in 0..kv_heads {
             for row0 in (0..rows).step_by(tile as usize) {
                 let last_tok = ((row0 + tile).min(rows) - 1) / gqa;
-                // Keys the tile's last row may see: 0..=kv_len - q_len + last_tok.
-                let horizon = kv_len - q_len + last_tok + 1;
+                // Keys the tile's rows may see: from the first row's window
+                // start to the last row's causal limit.
+                let from = s.keys_seen((row0 / gqa) as usize, window).start as u32;
+                let horizon = s.keys_seen(last_tok as usize, window).end as u32;
                 let first_work = p.work.len() as u32;
-                for k0 in (0..horizon).step_by(split as usize) {
+                for k0 in (from..horizon).step_by(split as usize) {
                     p.work.push(WorkItem {
                         table_off,
                         kv_len,
@@ -190,7 +195,7 @@ mod tests {
             seq(&table, 64, 64),
         ];
         for (gqa, tile, target) in [(4, 4, 1), (4, 16, 64), (1, 8, 10_000), (3, 16, 500)] {
-            let p = plan(&seqs, 16, 2, gqa, tile, target);
+            let p = plan(&seqs, None, 16, 2, gqa, tile, target);
             assert_eq!(p.split % KEY_TILE, 0);
             let mut rows_seen = std::collections::HashSet::new();
             for m in &p.merge {
@@ -222,14 +227,37 @@ mod tests {
     fn few_tiles_are_split_to_reach_the_target() {
         let table: Vec<PageId> = (0..2048).map(PageId).collect();
         let seqs = [seq(&table, 32 * 1024, 1)];
-        let p = plan(&seqs, 16, 8, 4, 4, 1024);
+        let p = plan(&seqs, None, 16, 8, 4, 4, 1024);
         // 8 tiles, 128 splits each of 256 keys.
         assert_eq!((p.merge.len(), p.split, p.work.len()), (8, 256, 1024));
         // Plenty of tiles: no split at all.
-        let p = plan(&seqs, 16, 8, 4, 4, 8);
+        let p = plan(&seqs, None, 16, 8, 4, 4, 8);
         assert_eq!(p.work.len(), 8);
         assert_eq!(tile_rows(4, 16), 4);
         assert_eq!(tile_rows(5 * 4, 16), 16);
         assert_eq!(tile_rows(3, 16), 4);
+    }
+
+    #[test]
+    fn windowed_splits_start_at_the_first_rows_window() {
+        let table: Vec<PageId> = (0..2048).map(PageId).collect();
+        let seqs = [seq(&table, 32 * 1024, 1), seq(&table, 300, 40)];
+        let p = plan(&seqs, Some(4096), 16, 8, 4, 4, 1024);
+        // Decode reads the last 4096 keys only.
+        for m in p.merge.iter().filter(|m| m.q_len == 1) {
+            let works = &p.work[m.first_work as usize..(m.first_work + m.splits) as usize];
+            assert_eq!(works[0].k0, 32 * 1024 - 4096);
+            assert_eq!(works.last().unwrap().k1, 32 * 1024);
+        }
+        // A prefill tile of rows 0..4 (one token each, gqa 4) sees keys
+        // from 260 - 4096 (clamped to 0) on: a window longer than the
+        // context is no window.
+        let first = p.merge.iter().find(|m| m.q_len == 40).unwrap();
+        assert_eq!(p.work[first.first_work as usize].k0, 0);
+        let p = plan(&seqs[1..], Some(8), 16, 8, 4, 4, 8);
+        let m = &p.merge[1];
+        // Tile of token 1 (rows 4..8): position 261, window 254..=261.
+        assert_eq!(p.work[m.first_work as usize].k0, 254);
+        assert_eq!(p.work[(m.first_work + m.splits - 1) as usize].k1, 262);
     }
 }

@@ -7,7 +7,7 @@
 //! Without an adapter each test prints why and returns, unless
 //! `KVSLICE_REQUIRE_GPU=1` (CI sets it), which turns that into a failure.
 
-use kvslice_core::testkit::{Rng, Scenario, accuracy_suite_on, max_rel_err};
+use kvslice_core::testkit::{Rng, Scenario, accuracy_suite_on, max_rel_err, window_suite_on};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, DeviceFailure, Error, KeyOrder, KvDtype, KvLayout, KvWrite,
     LayoutSpec, PageBuf, PageGeometry, PageId, ReferenceEngine, SeqAttention,
@@ -28,6 +28,24 @@ fn suite_passes() {
         e.upload(host).expect("upload")
     });
     assert!(n > 100, "{n} checks");
+}
+
+/// Sliding windows against the f64 oracle, the pages before every window
+/// placeholders, with the default cut and with many small splits (a
+/// window's edge inside and across splits).
+#[test]
+fn window_suite_passes() {
+    let Some(e) = engine("window_suite_passes") else {
+        return;
+    };
+    let suite = |e: &WgpuEngine| {
+        let n = window_suite_on(e, &[KeyOrder::TokenMajor], |host| {
+            e.upload(host).expect("upload")
+        });
+        assert!(n > 100, "{n} checks");
+    };
+    suite(&e);
+    suite(&e.with_target_workgroups(100_000));
 }
 
 #[test]

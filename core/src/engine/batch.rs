@@ -16,6 +16,34 @@ pub struct SeqAttention<'a> {
     pub q_len: usize,
 }
 
+impl SeqAttention<'_> {
+    /// The keys query token `t` (of `0..q_len`) sees: causal, aligned
+    /// bottom-right, and within `window` tokens of it if set (the token
+    /// itself and the `window - 1` before it).
+    ///
+    /// ```
+    /// use kvslice_core::{PageId, SeqAttention};
+    ///
+    /// let seq = SeqAttention { block_table: &[PageId(0); 4], kv_len: 10, q_len: 2 };
+    /// assert_eq!(seq.keys_seen(0, None), 0..9);
+    /// assert_eq!(seq.keys_seen(1, Some(4)), 6..10);
+    /// // A window longer than the context is no window.
+    /// assert_eq!(seq.keys_seen(1, Some(100)), 0..10);
+    /// ```
+    pub fn keys_seen(&self, t: usize, window: Option<u32>) -> core::ops::Range<usize> {
+        let end = (self.kv_len - self.q_len + t + 1).min(self.kv_len);
+        let start = window.map_or(0, |w| end.saturating_sub(w as usize));
+        start..end
+    }
+
+    /// The first block any query token reads: blocks before it lie wholly
+    /// before every query's window, and their entries of the block table
+    /// may be [`PageId::PLACEHOLDER`].
+    pub fn first_block(&self, window: Option<u32>, block_tokens: u32) -> usize {
+        self.keys_seen(0, window).start / block_tokens as usize
+    }
+}
+
 /// A layer's attention for several sequences on one head shard.
 ///
 /// `queries` is `Σ q_len × shard q heads × head_dim`, sequences in order,
@@ -32,6 +60,11 @@ pub struct AttentionBatch<'a> {
     pub queries: &'a [f32],
     /// Softmax scale, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// Sliding attention window in tokens (Mistral, Gemma 2/3, Phi-3):
+    /// query token at position `p` sees keys `max(0, p - W + 1)..=p`;
+    /// `None` is full causal attention. Set it with
+    /// [`window`](Self::window).
+    pub window: Option<u32>,
 }
 
 impl<'a> AttentionBatch<'a> {
@@ -79,6 +112,39 @@ impl<'a> AttentionBatch<'a> {
         self
     }
 
+    /// The same batch with a sliding attention window of `tokens` (zero is
+    /// refused by [`validate`](Self::validate)). Engines read no page that
+    /// lies wholly before every query's window, so decode costs follow the
+    /// window, not the context; those block-table entries may be
+    /// [`PageId::PLACEHOLDER`].
+    ///
+    /// ```
+    /// use kvslice_core::{
+    ///     AttentionBatch, AttentionEngine, KvDtype, KvLayout, KvWrite, LayoutSpec, PageBuf,
+    ///     PageId, ReferenceEngine, SeqAttention,
+    /// };
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 2, KvDtype::F32))?;
+    /// let mut pages = PageBuf::new(layout, 2)?;
+    /// let table = [PageId(0), PageId(1)];
+    /// let (k, v) = ([0.0; 4], [1.0, 2.0, 3.0, 4.0]);
+    /// let write = KvWrite { layer: 0, shard: 0, block_table: &table, start: 0, k: &k, v: &v };
+    /// ReferenceEngine.write_kv(&mut pages, &write)?;
+    /// // Decode at position 3 with a window of 2 tokens: values 3 and 4,
+    /// // equal weights. The first page is never read.
+    /// let table = [PageId::PLACEHOLDER, PageId(1)];
+    /// let seqs = [SeqAttention { block_table: &table, kv_len: 4, q_len: 1 }];
+    /// let mut out = [0.0f32];
+    /// let batch = AttentionBatch::for_layer(0, &seqs, &[1.0], 1.0).window(2);
+    /// ReferenceEngine.attend(&pages, &batch, &mut out)?;
+    /// assert_eq!(out, [3.5]);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn window(mut self, tokens: u32) -> Self {
+        self.window = Some(tokens);
+        self
+    }
+
     /// Bundles a batch (`layer`, then `shard`; [`for_layer`](Self::for_layer)
     /// names them apart).
     pub fn new(
@@ -94,16 +160,18 @@ impl<'a> AttentionBatch<'a> {
             seqs,
             queries,
             scale,
+            window: None,
         }
     }
 
     /// Checks the batch against `memory` and the output length, and returns
     /// the shape an engine needs. Every backend calls this before computing.
     ///
-    /// Catches: layer or shard out of range, bad scale, `q_len` of zero or
-    /// beyond `kv_len`, a context longer than its block table, a page id
-    /// past the memory, non-finite queries, and query or output lengths that
-    /// do not match.
+    /// Catches: layer or shard out of range, bad scale, a window of zero
+    /// tokens, `q_len` of zero or beyond `kv_len`, a context longer than
+    /// its block table, a page id past the memory or a placeholder where a
+    /// query's window needs a page, non-finite queries, and query or
+    /// output lengths that do not match.
     pub fn validate<M: PageGeometry + ?Sized>(
         &self,
         memory: &M,
@@ -114,6 +182,11 @@ impl<'a> AttentionBatch<'a> {
         let shard = layout.head_shard(self.shard)?;
         if !(self.scale.is_finite() && self.scale > 0.0) {
             return Err(Error::InvalidValue("scale must be finite and positive"));
+        }
+        if self.window == Some(0) {
+            return Err(Error::InvalidValue(
+                "attention window must be at least one token",
+            ));
         }
         let bt = layout.block_tokens() as usize;
         let mut q_tokens = 0usize;
@@ -132,7 +205,15 @@ impl<'a> AttentionBatch<'a> {
                     table_tokens: (s.block_table.len() * bt) as u64,
                 });
             }
-            for p in &s.block_table[..blocks] {
+            let first = s.first_block(self.window, layout.block_tokens());
+            for (b, p) in s.block_table[..blocks].iter().enumerate().skip(first) {
+                if *p == PageId::PLACEHOLDER {
+                    return Err(Error::OutOfRange {
+                        what: "block of a placeholder page (a query's window reads it)",
+                        index: b as u64,
+                        bound: first as u64,
+                    });
+                }
                 check_index("page", p.0 as usize, memory.num_pages() as usize)?;
             }
             q_tokens = q_tokens

@@ -20,6 +20,13 @@ use crate::layout::KvLayout;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageId(pub u32);
 
+impl PageId {
+    /// Stands in a block table for a page no query reads: one wholly
+    /// before a sliding window (see [`crate::AttentionBatch::window`]),
+    /// released to the store. Engines refuse it where a window needs it.
+    pub const PLACEHOLDER: PageId = PageId(u32::MAX);
+}
+
 /// How many pages of which layout a memory holds, wherever the bytes live
 /// (host memory, or a device buffer the host cannot borrow from).
 ///

@@ -219,6 +219,43 @@ impl Scenario {
             .collect())
     }
 
+    /// [`seq_attention`](Self::seq_attention) with every block that lies
+    /// wholly before all of a sequence's windows replaced by
+    /// [`PageId::PLACEHOLDER`], as a runtime that released them holds
+    /// them: `(tables, window)` give the tables to borrow from.
+    pub fn placeholder_tables(
+        &self,
+        layer: u32,
+        shard: u32,
+        window: Option<u32>,
+    ) -> Result<Vec<Vec<PageId>>> {
+        let bt = self.layout.block_tokens();
+        Ok(self
+            .seq_attention(layer, shard)?
+            .iter()
+            .map(|s| {
+                let first = s.first_block(window, bt);
+                let mut table = s.block_table.to_vec();
+                table[..first].fill(PageId::PLACEHOLDER);
+                table
+            })
+            .collect())
+    }
+
+    /// The sequences over `tables` (from
+    /// [`placeholder_tables`](Self::placeholder_tables)).
+    pub fn seq_attention_over<'a>(&self, tables: &'a [Vec<PageId>]) -> Vec<SeqAttention<'a>> {
+        self.seqs
+            .iter()
+            .zip(tables)
+            .map(|(s, t)| SeqAttention {
+                block_table: t,
+                kv_len: s.kv_len,
+                q_len: s.q_len,
+            })
+            .collect()
+    }
+
     /// Dense, unpaged attention in f64 on the stored (rounded) K/V: the
     /// oracle. Same shape as an engine's output.
     pub fn naive_f64(
@@ -227,6 +264,20 @@ impl Scenario {
         shard: u32,
         queries: &[f32],
         scale: f32,
+    ) -> Result<Vec<f64>> {
+        self.naive_f64_window(layer, shard, queries, scale, None)
+    }
+
+    /// [`naive_f64`](Self::naive_f64) under a sliding window of `window`
+    /// tokens: query token `t` sees keys
+    /// `max(0, p - window + 1)..=p`, where `p = kv_len - q_len + t`.
+    pub fn naive_f64_window(
+        &self,
+        layer: u32,
+        shard: u32,
+        queries: &[f32],
+        scale: f32,
+        window: Option<u32>,
     ) -> Result<Vec<f64>> {
         let sh = self.layout.head_shard(shard)?;
         let hd = self.layout.head_dim() as usize;
@@ -241,8 +292,9 @@ impl Scenario {
                 for t in 0..s.q_len {
                     let at = (q_base + t) * row + qh * hd;
                     let q = &queries[at..at + hd];
-                    let visible = s.kv_len - s.q_len + t + 1;
-                    let scores: Vec<f64> = (0..visible)
+                    let end = s.kv_len - s.q_len + t + 1;
+                    let start = window.map_or(0, |w| end.saturating_sub(w as usize));
+                    let scores: Vec<f64> = (start..end)
                         .map(|j| {
                             scale as f64
                                 * q.iter()
@@ -255,8 +307,9 @@ impl Scenario {
                     let w: Vec<f64> = scores.iter().map(|s| libm::exp(s - max)).collect();
                     let denom: f64 = w.iter().sum();
                     for d in 0..hd {
-                        out[at + d] = (0..visible)
-                            .map(|j| w[j] * v[j * hd + d] as f64)
+                        out[at + d] = (start..end)
+                            .zip(&w)
+                            .map(|(j, w)| w * v[j * hd + d] as f64)
                             .sum::<f64>()
                             / denom;
                     }
@@ -417,19 +470,7 @@ pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
                         let case = alloc::format!(
                             "shape {si} bt {bt} {dtype:?} {order:?} layer {layer} shard {shard}"
                         );
-                        match dtype {
-                            KvDtype::F32 => {
-                                let err = max_rel_err(&got, &want64);
-                                assert!(err <= 1e-5, "{case}: relative error {err:e}");
-                            }
-                            _ => {
-                                let (atol, rtol) = tolerance(dtype);
-                                assert!(
-                                    all_close(&got, &want64, atol, rtol),
-                                    "{case}: not within atol {atol}, rtol {rtol}"
-                                );
-                            }
-                        }
+                        check_close(&case, dtype, &got, &want64);
                         checks += 1;
                     }
                 }
@@ -437,4 +478,100 @@ pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
         }
     }
     checks
+}
+
+/// Windows [`window_suite_on`] tries for pages of `bt` tokens: one token,
+/// seven, a page less one, a page, a page and one, and one longer than any
+/// context (no window in effect).
+pub fn suite_windows(bt: u32) -> Vec<u32> {
+    let mut ws = vec![1, 7, bt.saturating_sub(1).max(1), bt, bt + 1, 10_000];
+    ws.sort_unstable();
+    ws.dedup();
+    ws
+}
+
+/// The sliding-window suite every backend runs: page sizes 1, 7, 16 and
+/// 64, windows from [`suite_windows`], every dtype, keys token-major and
+/// dim-major (where `orders` has them), GQA 1 and 4, decode and causal
+/// prefill (some after a cached prefix), with every block before the
+/// windows a [`PageId::PLACEHOLDER`] (so a read of one fails). Compared
+/// with [`Scenario::naive_f64_window`] at the [`accuracy_suite`]'s
+/// tolerances. Returns the number of comparisons; panics with the case on
+/// a mismatch.
+pub fn window_suite_on<P, E: crate::AttentionEngine<P>>(
+    engine: &E,
+    orders: &[crate::KeyOrder],
+    mut mirror: impl FnMut(&PageBuf) -> P,
+) -> usize {
+    use crate::{AttentionBatch, KeyOrder, KvDtype, LayoutSpec};
+    // (layers, q heads, kv heads, head_dim)
+    let shapes: [(u32, u32, u32, u32); 2] = [(1, 2, 2, 8), (2, 8, 2, 64)];
+    let workloads: [&[(usize, usize)]; 2] = [
+        &[(1, 1), (37, 1), (300, 1), (130, 1)], // decode
+        &[(150, 40), (70, 70), (9, 3)],         // prefill, some after a cached prefix
+    ];
+    let mut rng = Rng::new(0x3717);
+    let mut checks = 0;
+    for &order in orders {
+        let bts: &[u32] = match order {
+            KeyOrder::TokenMajor => &[1, 7, 16, 64],
+            KeyOrder::DimMajor => &[7, 16, 64],
+        };
+        for &bt in bts {
+            for (si, &(layers, qh, kvh, hd)) in shapes.iter().enumerate() {
+                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                    let layout = KvLayout::new(
+                        LayoutSpec::new(layers, qh, kvh, hd, bt, dtype).with_key_order(order),
+                    )
+                    .expect("valid suite layout");
+                    for (wi, window) in suite_windows(bt).into_iter().enumerate() {
+                        let seqs = workloads[(wi + si) % workloads.len()];
+                        let sc = Scenario::random(layout, seqs, &mut rng).expect("scenario");
+                        let memory = mirror(&sc.pages);
+                        let scale = 1.0 / libm::sqrtf(hd as f32);
+                        for layer in 0..layers {
+                            let q = sc.random_queries(0, &mut rng).expect("queries");
+                            let tables = sc
+                                .placeholder_tables(layer, 0, Some(window))
+                                .expect("tables");
+                            let seqs = sc.seq_attention_over(&tables);
+                            let batch =
+                                AttentionBatch::for_layer(layer, &seqs, &q, scale).window(window);
+                            let mut got = vec![f32::NAN; q.len()];
+                            engine
+                                .attend(&memory, &batch, &mut got)
+                                .expect("engine accepts a windowed batch");
+                            let want = sc
+                                .naive_f64_window(layer, 0, &q, scale, Some(window))
+                                .expect("oracle");
+                            let case = alloc::format!(
+                                "shape {si} bt {bt} window {window} {dtype:?} {order:?} layer {layer}"
+                            );
+                            check_close(&case, dtype, &got, &want);
+                            checks += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    checks
+}
+
+/// Panics with `case` unless `got` matches `want` at the suite's
+/// tolerance for `dtype`.
+fn check_close(case: &str, dtype: crate::KvDtype, got: &[f32], want: &[f64]) {
+    match dtype {
+        crate::KvDtype::F32 => {
+            let err = max_rel_err(got, want);
+            assert!(err <= 1e-5, "{case}: relative error {err:e}");
+        }
+        _ => {
+            let (atol, rtol) = tolerance(dtype);
+            assert!(
+                all_close(got, want, atol, rtol),
+                "{case}: not within atol {atol}, rtol {rtol}"
+            );
+        }
+    }
 }

@@ -52,7 +52,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         l_s[t] = 0.0;
     }
     var acc: array<vec2<f32>, R * PPT>;
-    // Row i of the sequence sees keys 0..=horizon0 + i (bottom-right mask).
+    // Row i of the sequence sees keys 0..=horizon0 + i (bottom-right mask),
+    // the last `params.window` of them.
     let horizon0 = it.kv_len - it.q_len;
     workgroupBarrier();
 
@@ -77,7 +78,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         for (var r = 0u; r < R; r++) {
             let row = it.row0 + r;
-            let visible = key < it.k1 && row < rows && key <= horizon0 + row / params.gqa;
+            let at = horizon0 + row / params.gqa;
+            // `at - key` wraps when key > at, which the causal test rejects.
+            let visible = key < it.k1 && row < rows && key <= at && at - key < params.window;
             p_s[r * WG + t] = select(NEG, s[r], visible);
         }
         workgroupBarrier();

@@ -16,7 +16,8 @@ struct Params {
     start: u32,
     tokens: u32,
     kv_heads: u32,
-    _p0: u32,
+    // Sliding attention window in tokens; 0xffffffff for none.
+    window: u32,
     _p1: u32,
 }
 
