@@ -97,7 +97,7 @@ pub use pool::{
     PageView, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
-pub use store::{CacheStore, Priority, RequestTicket, StoreStats};
+pub use store::{CacheStore, Priority, RequestTicket, StoreStats, WindowHit};
 
 /// The README's example runs as a doctest.
 #[cfg(doctest)]

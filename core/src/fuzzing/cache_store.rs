@@ -1,5 +1,5 @@
-//! Sequences of lookup / allocate / publish / release / evict / pin on a
-//! cache store, with every invariant checked after every step: no page is
+//! Sequences of lookup (prefix or windowed) / allocate / publish / release /
+//! evict / pin on a cache store, with every invariant checked after every step: no page is
 //! lost, no referenced page is evicted, every map entry names a cached page,
 //! and every cached block's parent is cached.
 
@@ -54,13 +54,34 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
     while !u.is_empty() {
         let guard = local.pin();
         match small(u, 0, 4) {
-            0 | 1 => {
+            op @ (0 | 1) => {
                 let req = store.begin_request();
-                let keys = chain(small(u, 0, 3), small(u, 1, 6));
+                let mut keys = chain(small(u, 0, 3), small(u, 1, 6));
                 let mut held = Vec::new();
-                let hits = store
-                    .lookup_prefix(&req, &keys, keys.len() * BT as usize, &guard, &mut held)
-                    .expect("own guard");
+                let tokens = keys.len() * BT as usize;
+                // Op 1 looks up under a sliding window: blocks before the
+                // ones the window needs may be missing, and are not held.
+                let hits = if op == 1 {
+                    let window = small(u, 1, 12);
+                    let hit = store
+                        .lookup_window(&req, &keys, tokens, window, &guard, &mut held)
+                        .expect("own guard");
+                    assert_eq!(held.len(), hit.end - hit.first);
+                    assert!(hit.first <= hit.end && hit.end <= keys.len());
+                    if held.is_empty() && hit.end > 0 {
+                        // A one-token window needs no block: nothing held
+                        // to publish the rest under, so they are not.
+                        store.end_request(req).expect("own request");
+                        check(&store, &requests, &ever);
+                        continue;
+                    }
+                    keys.drain(..hit.first);
+                    hit.end - hit.first
+                } else {
+                    store
+                        .lookup_prefix(&req, &keys, tokens, &guard, &mut held)
+                        .expect("own guard")
+                };
                 for (k, r) in keys.iter().zip(&held) {
                     assert_eq!(
                         r.bytes()[0],

@@ -3,7 +3,7 @@
 use heapless::Vec;
 use heapless::index_map::FnvIndexMap;
 
-use super::{SeqId, SequenceTable, check_advance};
+use super::{SeqId, SequenceTable, check_advance, release_pages};
 use crate::error::{Error, Result};
 use crate::page::PageId;
 
@@ -92,8 +92,24 @@ impl<const SEQS: usize, const BLOCKS: usize> SequenceTable for FixedSequenceMap<
             .seqs
             .swap_remove(&seq)
             .ok_or(Error::UnknownSequence(seq))?;
-        e.pages.into_iter().for_each(release);
+        e.pages
+            .into_iter()
+            .filter(|p| *p != PageId::PLACEHOLDER)
+            .for_each(release);
         Ok(())
+    }
+
+    fn release_before(
+        &mut self,
+        seq: SeqId,
+        block: usize,
+        release: impl FnMut(PageId),
+    ) -> Result<usize> {
+        Ok(release_pages(
+            &mut self.entry_mut(seq)?.pages,
+            block,
+            release,
+        ))
     }
 
     fn num_sequences(&self) -> usize {

@@ -4,7 +4,7 @@ use alloc::vec::Vec;
 
 use hashbrown::HashMap;
 
-use super::{SeqId, SequenceTable, check_advance};
+use super::{SeqId, SequenceTable, check_advance, release_pages};
 use crate::error::{Error, Result};
 use crate::page::PageId;
 
@@ -76,8 +76,24 @@ impl SequenceTable for SequenceMap {
 
     fn remove(&mut self, seq: SeqId, release: impl FnMut(PageId)) -> Result<()> {
         let e = self.seqs.remove(&seq).ok_or(Error::UnknownSequence(seq))?;
-        e.pages.into_iter().for_each(release);
+        e.pages
+            .into_iter()
+            .filter(|p| *p != PageId::PLACEHOLDER)
+            .for_each(release);
         Ok(())
+    }
+
+    fn release_before(
+        &mut self,
+        seq: SeqId,
+        block: usize,
+        release: impl FnMut(PageId),
+    ) -> Result<usize> {
+        Ok(release_pages(
+            &mut self.entry_mut(seq)?.pages,
+            block,
+            release,
+        ))
     }
 
     fn num_sequences(&self) -> usize {

@@ -54,8 +54,69 @@ pub trait SequenceTable {
     /// `seq`'s pages, in order.
     fn block_table(&self, seq: SeqId) -> Result<&[PageId]>;
 
-    /// Removes `seq`, handing each of its pages to `release`.
+    /// Removes `seq`, handing each of its pages to `release` (not the
+    /// placeholders of pages released before).
     fn remove(&mut self, seq: SeqId, release: impl FnMut(PageId)) -> Result<()>;
+
+    /// Hands every page of `seq` before block `block` to `release` and
+    /// puts [`PageId::PLACEHOLDER`] in its place (positions keep their
+    /// blocks); returns how many were released. Pages released before are
+    /// not handed out again.
+    fn release_before(
+        &mut self,
+        seq: SeqId,
+        block: usize,
+        release: impl FnMut(PageId),
+    ) -> Result<usize>;
+
+    /// Releases the pages of `seq` that no future token attends to under a
+    /// sliding window of `window` tokens: the next token, at position
+    /// `len`, sees `len + 1 - window..=len`, so every block before that
+    /// goes. Called after each [`advance`](Self::advance), a sequence holds
+    /// at most `ceil(window / block_tokens) + 1` pages, however long it
+    /// grows. Returns how many pages were released; a window of zero is an
+    /// error.
+    ///
+    /// ```
+    /// use kvslice_core::{PageId, SequenceMap, SequenceTable};
+    ///
+    /// let mut seqs = SequenceMap::new(4);
+    /// seqs.create(1)?;
+    /// for p in 0..3 {
+    ///     seqs.push_page(1, PageId(p))?;
+    /// }
+    /// seqs.advance(1, 10)?;
+    /// // The 11th token (position 10) with a window of 4 sees 7..=10.
+    /// let mut freed = Vec::new();
+    /// assert_eq!(seqs.slide_window(1, 4, |p| freed.push(p))?, 1);
+    /// assert_eq!(freed, [PageId(0)]);
+    /// assert_eq!(seqs.block_table(1)?, &[PageId::PLACEHOLDER, PageId(1), PageId(2)]);
+    /// assert_eq!(seqs.held_pages(1)?, 2);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    fn slide_window(
+        &mut self,
+        seq: SeqId,
+        window: u32,
+        release: impl FnMut(PageId),
+    ) -> Result<usize> {
+        if window == 0 {
+            return Err(crate::Error::InvalidValue(
+                "attention window must be at least one token",
+            ));
+        }
+        let first = (self.len(seq)? + 1).saturating_sub(window as usize);
+        self.release_before(seq, first / self.block_tokens() as usize, release)
+    }
+
+    /// Pages `seq` holds: its block table less the placeholders.
+    fn held_pages(&self, seq: SeqId) -> Result<usize> {
+        Ok(self
+            .block_table(seq)?
+            .iter()
+            .filter(|p| **p != PageId::PLACEHOLDER)
+            .count())
+    }
 
     /// Number of sequences registered.
     fn num_sequences(&self) -> usize;
@@ -67,6 +128,20 @@ pub trait SequenceTable {
         let want = self.len(seq)?.saturating_add(n).div_ceil(bt);
         Ok(want.saturating_sub(have))
     }
+}
+
+/// [`SequenceTable::release_before`] over one block table.
+fn release_pages(pages: &mut [PageId], block: usize, mut release: impl FnMut(PageId)) -> usize {
+    let upto = block.min(pages.len());
+    let mut n = 0;
+    for p in pages[..upto]
+        .iter_mut()
+        .filter(|p| **p != PageId::PLACEHOLDER)
+    {
+        release(core::mem::replace(p, PageId::PLACEHOLDER));
+        n += 1;
+    }
+    n
 }
 
 /// The capacity check `advance` shares across implementations.
@@ -111,10 +186,46 @@ mod tests {
         assert_eq!(t.num_sequences(), 1);
     }
 
+    fn windows<T: SequenceTable>(t: &mut T) {
+        t.create(1).unwrap();
+        let mut freed = alloc::vec::Vec::new();
+        for p in 0..5 {
+            t.push_page(1, PageId(p)).unwrap();
+        }
+        assert!(t.slide_window(1, 0, |_| ()).is_err());
+        // Nothing leaves a window before the context reaches it.
+        t.advance(1, 3).unwrap();
+        assert_eq!(t.slide_window(1, 4, |p| freed.push(p)).unwrap(), 0);
+        t.advance(1, 15).unwrap();
+        // Position 18 sees 15..=18 with a window of 4: blocks 3 and 4.
+        assert_eq!(t.slide_window(1, 4, |p| freed.push(p)).unwrap(), 3);
+        assert_eq!(t.slide_window(1, 4, |p| freed.push(p)).unwrap(), 0);
+        assert_eq!(freed, [PageId(0), PageId(1), PageId(2)]);
+        assert_eq!(t.held_pages(1).unwrap(), 2);
+        assert_eq!(
+            t.blocks_needed(1, 2).unwrap(),
+            0,
+            "positions keep their blocks"
+        );
+        freed.clear();
+        t.remove(1, |p| freed.push(p)).unwrap();
+        assert_eq!(
+            freed,
+            [PageId(3), PageId(4)],
+            "placeholders are not released"
+        );
+        assert_eq!(
+            t.release_before(9, 1, |_| ()),
+            Err(Error::UnknownSequence(9))
+        );
+    }
+
     #[test]
     fn both_tables_behave_alike() {
         exercise(&mut SequenceMap::new(4));
         exercise(&mut FixedSequenceMap::<4, 2>::new(4));
+        windows(&mut SequenceMap::new(4));
+        windows(&mut FixedSequenceMap::<4, 8>::new(4));
     }
 
     #[test]

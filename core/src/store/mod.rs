@@ -5,7 +5,9 @@
 //!
 //! - [`CacheStore::lookup_prefix`] takes references on the longest cached
 //!   prefix of a sequence's keys, stopping at the first miss; a page being
-//!   evicted is a miss, never a dangling hit;
+//!   evicted is a miss, never a dangling hit; [`CacheStore::lookup_window`]
+//!   does the same for sliding-window attention, where only the blocks the
+//!   next token's window needs must be cached;
 //! - [`CacheStore::allocate`] hands out pages to fill, evicting unreferenced
 //!   cached leaf pages when the pool is full, all or nothing;
 //! - [`CacheStore::publish`] makes a filled page findable; when two workers
@@ -23,6 +25,7 @@
 mod meta;
 mod request;
 mod stats;
+mod window;
 
 use alloc::vec::Vec;
 
@@ -33,6 +36,7 @@ use crossbeam_epoch::{Collector, Guard};
 pub use meta::Priority;
 pub use request::RequestTicket;
 pub use stats::StoreStats;
+pub use window::WindowHit;
 
 use self::meta::PageMeta;
 use self::stats::{Count, Counters};
