@@ -234,6 +234,10 @@ typedef struct KvsAttend {
   float *out;
   // Floats at `out`.
   size_t out_len;
+  // Sliding attention window in tokens: a query at position `p` sees
+  // keys `p - window + 1..=p`. 0 (what an initializer that leaves it out
+  // gives) is full causal attention.
+  uint32_t window;
 } KvsAttend;
 
 // The geometry of a model's K/V and of a page (`kvs_layout_new`).

@@ -168,11 +168,10 @@ pub unsafe extern "C" fn kvs_attend(engine: KvsEngine, attend: *const KvsAttend)
         let mut guards = Lanes::take(pool, &mut lanes)?;
         let result = {
             let view = guards.view(pool);
-            cpu(&engine).attend(
-                &view,
-                &AttentionBatch::for_layer(a.layer, &batch_seqs, q, a.scale).shard(a.shard),
-                out,
-            )
+            let mut batch =
+                AttentionBatch::for_layer(a.layer, &batch_seqs, q, a.scale).shard(a.shard);
+            batch.window = (a.window > 0).then_some(a.window);
+            cpu(&engine).attend(&view, &batch, out)
         };
         guards.put_back(&mut lanes);
         Ok(result?)

@@ -418,6 +418,7 @@ fn attend(u: &mut Unstructured<'_>, w: &mut World) -> bool {
         q_len: q.len(),
         out: out.as_mut_ptr(),
         out_len: out.len(),
+        window: small(u, 0, 40),
     };
     // SAFETY: every pointer names a live local of the stated length.
     let done = ok(unsafe { kvs_attend(engine, &attend) });

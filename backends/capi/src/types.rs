@@ -314,4 +314,8 @@ pub struct KvsAttend {
     pub out: *mut f32,
     /// Floats at `out`.
     pub out_len: usize,
+    /// Sliding attention window in tokens: a query at position `p` sees
+    /// keys `p - window + 1..=p`. 0 (what an initializer that leaves it out
+    /// gives) is full causal attention.
+    pub window: u32,
 }

@@ -138,6 +138,7 @@ fn refused_calls_say_why_and_change_nothing() {
         q_len: 8,
         out: out.as_mut_ptr(),
         out_len: 8,
+        window: 0,
     };
     let misaligned = kv.as_ptr().cast::<u8>().wrapping_add(1).cast::<f32>();
     let dead = KvsRequest {
@@ -489,6 +490,7 @@ fn a_store_outlives_its_handle_while_requests_use_it() {
         q_len: 8,
         out: out.as_mut_ptr(),
         out_len: 8,
+        window: 0,
     };
     // SAFETY: live locals.
     assert_eq!(unsafe { kvs_attend(f.engine, &attend) }, KvsStatus::Ok);
@@ -520,6 +522,7 @@ fn a_request_used_by_two_threads_at_once_is_busy_not_racy() {
                         q_len: 8,
                         out: out.as_mut_ptr(),
                         out_len: 8,
+                        window: 0,
                     };
                     (0..2000)
                         // SAFETY: live locals.
@@ -543,4 +546,62 @@ fn a_request_used_by_two_threads_at_once_is_busy_not_racy() {
     assert_eq!(ok + busy, 4000);
     assert!(ok > 0);
     assert_eq!(snapshot(&f).1.len(), 3);
+}
+
+/// `window` reaches the engine: a query at position 4 with a window of 2
+/// sees tokens 3 and 4 only (equal scores: the mean of their values).
+#[test]
+fn a_window_limits_what_attend_reads() {
+    let f = fixture();
+    let mut req = KvsRequest { id: 0 };
+    let v: Vec<f32> = (0..5).flat_map(|t| [t as f32; 4]).collect();
+    let k = [0.0f32; 20];
+    let q = [0.0f32; 8];
+    let mut out = [0f32; 8];
+    // SAFETY: live locals of the stated lengths.
+    unsafe {
+        assert_eq!(kvs_request_begin(f.store, &mut req), KvsStatus::Ok);
+        let mut first = 0;
+        assert_eq!(kvs_allocate(req, 0, 0, 3, &mut first), KvsStatus::Ok);
+        let w = KvsWrite {
+            layer: 0,
+            shard: 0,
+            start: 0,
+            k: k.as_ptr(),
+            k_len: 20,
+            v: v.as_ptr(),
+            v_len: 20,
+        };
+        assert_eq!(kvs_write_kv(f.engine, req, &w), KvsStatus::Ok);
+        let seq = KvsSeq {
+            request: req,
+            kv_len: 5,
+            q_len: 1,
+        };
+        for (window, want) in [(0, 2.0f32), (2, 3.5), (1, 4.0), (100, 2.0)] {
+            let attend = KvsAttend {
+                layer: 0,
+                shard: 0,
+                scale: 0.5,
+                seqs: &seq,
+                n_seqs: 1,
+                q: q.as_ptr(),
+                q_len: 8,
+                out: out.as_mut_ptr(),
+                out_len: 8,
+                window,
+            };
+            assert_eq!(
+                kvs_attend(f.engine, &attend),
+                KvsStatus::Ok,
+                "{}",
+                last_error()
+            );
+            assert!(
+                out.iter().all(|x| (x - want).abs() < 1e-3),
+                "window {window}: {out:?}"
+            );
+        }
+        assert_eq!(kvs_request_end(req), KvsStatus::Ok);
+    }
 }

@@ -62,7 +62,8 @@ class Attend(C.Structure):
     _fields_ = [("layer", C.c_uint32), ("shard", C.c_uint32), ("scale", C.c_float),
                 ("seqs", C.POINTER(Seq)), ("n_seqs", C.c_size_t),
                 ("q", C.POINTER(C.c_float)), ("q_len", C.c_size_t),
-                ("out", C.POINTER(C.c_float)), ("out_len", C.c_size_t)]
+                ("out", C.POINTER(C.c_float)), ("out_len", C.c_size_t),
+                ("window", C.c_uint32)]
 
 
 class Stats(C.Structure):
