@@ -115,8 +115,8 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         let spread = keys.first().map_or(0, fingerprint);
         let start = out.len();
         let mut hit_tokens = 0u64;
-        for i in hit.first..hit.end {
-            let page = match self.map.get(&keys[i], guard)? {
+        for (i, key) in keys.iter().enumerate().take(hit.end).skip(hit.first) {
+            let page = match self.map.get(key, guard)? {
                 Some(handle) => self.pool.try_acquire(handle).ok(),
                 None => None,
             };
