@@ -64,6 +64,7 @@ pub use crossbeam_epoch as epoch;
 pub mod coordinator;
 pub mod engine;
 mod error;
+pub mod events;
 pub mod evict;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

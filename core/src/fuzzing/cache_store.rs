@@ -1,7 +1,8 @@
 //! Sequences of lookup (prefix or windowed) / allocate / publish / release /
-//! evict / pin on a cache store, with every invariant checked after every step: no page is
-//! lost, no referenced page is evicted, every map entry names a cached page,
-//! and every cached block's parent is cached.
+//! evict / pin / clear on a cache store, with every invariant checked after
+//! every step: no page is lost, no referenced page is evicted, every map
+//! entry names a cached page, every cached block's parent is cached, and
+//! the store's events, replayed, name exactly the cached blocks.
 
 use alloc::vec::Vec;
 
@@ -9,6 +10,7 @@ use arbitrary::Unstructured;
 use hashbrown::{HashMap, HashSet};
 
 use super::small;
+use crate::events::{EventRing, KvEvent, Medium};
 use crate::{
     BlockHash, CacheStore, ChainPolicy, ClockPolicy, DensityPolicy, Error, EvictionPolicy, KvDtype,
     KvLayout, LayoutSpec, Life, LruPolicy, PageId, PagePool, PageRef, Priority, SliceKey,
@@ -46,14 +48,16 @@ type Held<'s> = (Vec<SliceKey>, Vec<PageRef<'s, 'static>>);
 fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
     let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, BT, KvDtype::F32)).expect("valid");
     let pool = PagePool::new(layout, cap).expect("pool");
-    let store =
-        CacheStore::from_parts(pool, policy, crossbeam_epoch::Collector::new()).expect("store");
+    let store = CacheStore::from_parts(pool, policy, crossbeam_epoch::Collector::new())
+        .expect("store")
+        .with_events(EventRing::new(1024, Medium::Cpu));
+    let mut index: HashSet<SliceKey> = HashSet::new();
     let local = store.map().collector().register();
     let mut requests: Vec<Held<'_>> = Vec::new();
     let mut ever: HashSet<SliceKey> = HashSet::new();
     while !u.is_empty() {
         let guard = local.pin();
-        match small(u, 0, 4) {
+        match small(u, 0, 5) {
             op @ (0 | 1) => {
                 let req = store.begin_request();
                 let mut keys = chain(small(u, 0, 3), small(u, 1, 6));
@@ -72,7 +76,7 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                         // A one-token window needs no block: nothing held
                         // to publish the rest under, so they are not.
                         store.end_request(req).expect("own request");
-                        check(&store, &requests, &ever);
+                        check(&store, &requests, &ever, &mut index);
                         continue;
                     }
                     keys.drain(..hit.first);
@@ -111,6 +115,15 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
             3 => {
                 let _ = store.evict(small(u, 1, 3), &guard).expect("own guard");
             }
+            5 => {
+                let emptied = store.clear(&guard).expect("own guard");
+                let cached = (0..cap).any(|i| {
+                    store.pool().page_info(PageId(i)).expect("in range").life == Life::Cached
+                });
+                assert_eq!(emptied, !cached);
+                // What stays is held or pinned; `check` confirms the
+                // events agree.
+            }
             _ => {
                 let key = chain(small(u, 0, 3), 6)[small(u, 0, 5) as usize];
                 let p =
@@ -118,16 +131,17 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                 let _ = store.set_priority(&key, p, &guard).expect("own guard");
             }
         }
-        check(&store, &requests, &ever);
+        check(&store, &requests, &ever, &mut index);
     }
     drop(requests);
-    check(&store, &[], &ever);
+    check(&store, &[], &ever, &mut index);
 }
 
 fn check<E: EvictionPolicy>(
     store: &CacheStore<'static, E>,
     requests: &[Held<'_>],
     ever: &HashSet<SliceKey>,
+    index: &mut HashSet<SliceKey>,
 ) {
     let local = store.map().collector().register();
     let guard = local.pin();
@@ -195,4 +209,16 @@ fn check<E: EvictionPolicy>(
             other => panic!("page {i} left {other:?}"),
         }
     }
+    let ring = store.events().expect("attached");
+    ring.try_drain(&mut |_, e| match e {
+        KvEvent::Stored { key, .. } => assert!(index.insert(key), "{key:?} stored twice"),
+        KvEvent::Removed { key } => assert!(index.remove(&key), "{key:?} removed, not stored"),
+        KvEvent::Cleared => {
+            assert!(mapped.is_empty(), "cleared, but blocks are cached");
+            index.clear();
+        }
+    });
+    assert_eq!(ring.dropped(), 0);
+    let cached: HashSet<SliceKey> = mapped.values().copied().collect();
+    assert_eq!(*index, cached, "the events name the cached blocks");
 }

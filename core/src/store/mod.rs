@@ -22,6 +22,7 @@
 //! page whose child block is cached (leaf-first), so a cached block's whole
 //! prefix stays cached.
 
+mod events;
 mod meta;
 mod request;
 mod stats;
@@ -107,6 +108,8 @@ pub struct CacheStore<'m, E: EvictionPolicy> {
     policy: E,
     /// Accesses on their way to a policy that buffers them.
     reads: Option<ReadBuffer>,
+    /// Where publishes and evictions are reported, if anywhere.
+    events: Option<crate::events::EventRing>,
     id: u32,
     next_request: AtomicU64,
     stats: Counters,
@@ -159,6 +162,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             reads: policy
                 .buffers_accesses()
                 .then(|| ReadBuffer::new(READ_STRIPES, READ_SLOTS)),
+            events: None,
             policy,
             id: NEXT_STORE.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
             next_request: AtomicU64::new(1),
@@ -418,7 +422,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         let key = meta.key();
         // Usually removes the page's entry; a publisher that found this page
         // Evicting may have replaced the entry already, and that is fine.
-        self.map.remove_if(&key, handle, guard)?;
+        // Whoever removes the entry reports it, so a publisher that cleared
+        // it reports the removal before its own store of the key.
+        if self.map.remove_if(&key, handle, guard)? {
+            self.emit(|| crate::events::KvEvent::Removed { key });
+        }
         if let Some(parent) = meta.parent() {
             self.detach_child(parent, notify_parent);
         }
@@ -510,6 +518,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             match self.map.insert(key, ours.handle(), guard)? {
                 None => {
                     self.stats.add(spread, Count::Inserts, 1);
+                    self.emit(|| crate::events::KvEvent::Stored {
+                        key,
+                        parent: parent.map(|p| self.meta(p.handle().id()).key().block),
+                        tokens: valid_tokens,
+                    });
                     let event = self.event(id, &key, request.serial);
                     match parent {
                         Some(p) => {
@@ -534,7 +547,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                     // Theirs is being evicted (or just was): clear its stale
                     // entry, if still there, and try again.
                     Err(_) => {
-                        self.map.remove_if(&key, existing, guard)?;
+                        if self.map.remove_if(&key, existing, guard)? {
+                            self.emit(|| crate::events::KvEvent::Removed { key });
+                        }
                     }
                 },
             }

@@ -1,0 +1,176 @@
+//! A store's KV events replayed into a consumer's index agree with what the
+//! store holds: exactly with one thread, whatever the policy; with two
+//! threads racing on the same blocks the index never names a block the
+//! store lacks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kvslice_core::events::{EventRing, KvEvent, Medium};
+use kvslice_core::testkit::Rng;
+use kvslice_core::{
+    BlockHash, CacheStore, ClockPolicy, DensityPolicy, EvictionPolicy, KvDtype, KvLayout,
+    LayoutSpec, LruPolicy, PageRef, SliceKey, TinyLfuPolicy,
+};
+
+const PAGES: u32 = 48;
+
+fn key(root: u64, i: u32, group: u32) -> SliceKey {
+    SliceKey {
+        block: BlockHash(u128::from(root) << 64 | u128::from(i) | 1 << 127),
+        block_index: i,
+        layer_group: group,
+        head_shard: 0,
+    }
+}
+
+fn layout() -> KvLayout {
+    KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32)).unwrap()
+}
+
+/// One request: a chain of up to 8 blocks of one of 40 roots, in one of two
+/// layer groups; looks it up and publishes what missed. Some requests keep
+/// their pages to the end of the round, so eviction sees referenced pages.
+fn request<'s, E: EvictionPolicy>(
+    store: &'s CacheStore<'static, E>,
+    rng: &mut Rng,
+    kept: &mut Vec<PageRef<'s, 'static>>,
+) {
+    let (root, depth, group) = (rng.below(40), 1 + rng.below(8) as u32, rng.below(2) as u32);
+    let keys: Vec<SliceKey> = (0..depth).map(|i| key(root, i, group)).collect();
+    let guard = store.pin();
+    let req = store.begin_request();
+    let mut refs = Vec::new();
+    let hits = store
+        .lookup_prefix(&req, &keys, keys.len() * 4, &guard, &mut refs)
+        .unwrap();
+    if hits < keys.len()
+        && let Ok(pages) = store.allocate((keys.len() - hits) as u32, &guard)
+    {
+        for (k, page) in keys[hits..].iter().zip(pages) {
+            let r = store
+                .publish(&req, page, *k, refs.last(), 4, &guard)
+                .unwrap();
+            refs.push(r);
+        }
+    }
+    if rng.below(8) == 0 {
+        kept.append(&mut refs);
+    }
+    drop(refs);
+    store.end_request(req).unwrap();
+}
+
+/// What a consumer believes: block → (parent, tokens).
+type Index = BTreeMap<SliceKey, (Option<BlockHash>, u32)>;
+
+fn apply(index: &mut Index, event: KvEvent) {
+    match event {
+        KvEvent::Stored {
+            key,
+            parent,
+            tokens,
+        } => {
+            index.insert(key, (parent, tokens));
+        }
+        KvEvent::Removed { key } => {
+            index.remove(&key);
+        }
+        KvEvent::Cleared => index.clear(),
+    }
+}
+
+fn holdings<E: EvictionPolicy>(store: &CacheStore<'static, E>) -> Index {
+    let mut index = Index::new();
+    store.snapshot(&mut |e| apply(&mut index, e));
+    index
+}
+
+fn one_thread_agrees<E: EvictionPolicy>(name: &str, policy: E) {
+    let store = CacheStore::new(layout(), PAGES, policy)
+        .unwrap()
+        .with_events(EventRing::new(1 << 16, Medium::Cpu));
+    let ring = store.events().unwrap();
+    let mut index = Index::new();
+    let mut rng = Rng::new(3);
+    let mut numbers = 0u64;
+    let (mut stored, mut removed) = (0, 0);
+    for round in 0..60 {
+        let mut kept = Vec::new();
+        for _ in 0..40 {
+            request(&store, &mut rng, &mut kept);
+        }
+        drop(kept);
+        if round % 20 == 19 {
+            store.clear(&store.pin()).unwrap();
+        }
+        ring.try_drain(&mut |n, e| {
+            assert_eq!(n, numbers, "{name}: events arrive numbered, without gaps");
+            numbers += 1;
+            match e {
+                KvEvent::Stored { .. } => stored += 1,
+                KvEvent::Removed { .. } => removed += 1,
+                KvEvent::Cleared => {}
+            }
+            apply(&mut index, e);
+        });
+        assert_eq!(index, holdings(&store), "{name}: round {round}");
+    }
+    assert_eq!(ring.dropped(), 0);
+    assert!(
+        stored > 500 && removed > 400,
+        "{name}: {stored} stored, {removed} removed"
+    );
+}
+
+#[test]
+fn one_thread_index_equals_the_store_for_every_policy() {
+    one_thread_agrees("lru", LruPolicy::new(PAGES));
+    one_thread_agrees("clock", ClockPolicy::new(PAGES));
+    one_thread_agrees("tinylfu", TinyLfuPolicy::new(PAGES));
+    one_thread_agrees("density", DensityPolicy::new(PAGES));
+}
+
+#[test]
+fn two_threads_never_leave_a_block_the_store_lacks() {
+    let store = CacheStore::new(layout(), PAGES, ClockPolicy::new(PAGES))
+        .unwrap()
+        .with_events(EventRing::new(1 << 20, Medium::Cpu));
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let store = &store;
+            s.spawn(move || {
+                let mut rng = Rng::new(100 + t);
+                for _ in 0..200 {
+                    let mut kept = Vec::new();
+                    for _ in 0..40 {
+                        request(store, &mut rng, &mut kept);
+                    }
+                }
+            });
+        }
+    });
+    let ring = store.events().unwrap();
+    assert_eq!(ring.dropped(), 0);
+    let mut index = Index::new();
+    let mut events = 0;
+    ring.try_drain(&mut |_, e| {
+        events += 1;
+        apply(&mut index, e);
+    });
+    let held = holdings(&store);
+    let extra: BTreeSet<_> = index.keys().filter(|k| !held.contains_key(k)).collect();
+    assert!(
+        extra.is_empty(),
+        "the index names blocks the store lacks: {extra:?}"
+    );
+    // Blocks the store holds that the index lost to the one documented race.
+    let lost = held.keys().filter(|k| !index.contains_key(k)).count();
+    println!(
+        "{events} events; store holds {}, index lost {lost}",
+        held.len()
+    );
+    assert!(lost * 10 <= held.len(), "lost {lost} of {}", held.len());
+    for (k, v) in &index {
+        assert_eq!(held[k], *v, "parent and tokens of {k:?}");
+    }
+}
