@@ -1,0 +1,266 @@
+//! The ZeroMQ side: a publishing socket for batches and a ROUTER socket
+//! that replays recent ones.
+
+use std::collections::VecDeque;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kvslice_core::events::{KvEvent, Medium};
+use kvslice_core::{CacheStore, EvictionPolicy};
+
+use crate::wire::{encode, fold};
+
+/// Where and how a [`Publisher`] sends.
+#[derive(Debug, Clone)]
+pub struct PublisherConfig {
+    /// The publishing socket's endpoint, e.g. `tcp://127.0.0.1:5557`
+    /// (`tcp://127.0.0.1:*` picks a free port; see
+    /// [`Publisher::endpoint`]).
+    pub endpoint: String,
+    /// The replay socket's endpoint (ROUTER), or `None` for no replay.
+    pub replay_endpoint: Option<String>,
+    /// The topic frame every batch starts with.
+    pub topic: String,
+    /// Batches kept for replay.
+    pub replay_batches: usize,
+    /// Events per batch at most.
+    pub max_batch_events: usize,
+    /// Tokens per page of the store (sent as `block_size`).
+    pub block_size: u32,
+    /// The publishing socket's high-water mark: messages queued per subscriber
+    /// before ZeroMQ drops (a slow consumer then sees a sequence gap).
+    pub send_hwm: i32,
+}
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "tcp://127.0.0.1:*".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:*".into()),
+            topic: "kv-events".into(),
+            replay_batches: 10_000,
+            max_batch_events: 1024,
+            block_size: 16,
+            send_hwm: 100_000,
+        }
+    }
+}
+
+/// Publishes a store's events: drain its ring with [`pump`](Self::pump),
+/// answer replay requests with [`serve_replay`](Self::serve_replay), from
+/// one thread (ZeroMQ sockets are not shared between threads).
+///
+/// The publishing socket is an XPUB: consumers connect plain SUB sockets,
+/// and the publisher sees their subscriptions
+/// ([`subscribers`](Self::subscribers)), so an embedder can wait for a
+/// router before its first batch instead of losing it to ZeroMQ's slow
+/// joiner. [`Subscriber`](crate::Subscriber) has an example of both ends.
+///
+/// Each message is three frames: the topic, the batch's sequence number
+/// (8 bytes, big-endian; numbers rise by one per batch), and the msgpack
+/// batch ([`crate::wire`]). A replay request is one frame, the first
+/// wanted sequence number (8 bytes, big-endian); the reply is one
+/// `[sequence, batch]` message per kept batch from there, then
+/// `[-1 as 8 bytes, empty]` (vLLM's replay protocol).
+pub struct Publisher {
+    config: PublisherConfig,
+    _ctx: zmq::Context,
+    publish: zmq::Socket,
+    replay: Option<zmq::Socket>,
+    next_seq: u64,
+    kept: VecDeque<(u64, Vec<u8>)>,
+    /// The ring's drop count when last seen.
+    dropped: u64,
+    resyncs: u64,
+    subscribers: usize,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("endpoint", &self.config.endpoint)
+            .field("next_seq", &self.next_seq)
+            .field("resyncs", &self.resyncs)
+            .finish()
+    }
+}
+
+impl Publisher {
+    /// Binds the sockets.
+    pub fn bind(config: PublisherConfig) -> Result<Self, zmq::Error> {
+        let ctx = zmq::Context::new();
+        let publish = ctx.socket(zmq::XPUB)?;
+        // Every subscribe and unsubscribe reaches us, not only the first of
+        // a topic, so the count stays right with several consumers.
+        publish.set_xpub_verbose(true)?;
+        publish.set_sndhwm(config.send_hwm)?;
+        publish.set_linger(0)?;
+        publish.bind(&config.endpoint)?;
+        let replay = match &config.replay_endpoint {
+            Some(ep) => {
+                let s = ctx.socket(zmq::ROUTER)?;
+                s.set_linger(0)?;
+                // A ROUTER drops what exceeds its high-water mark silently;
+                // a reply is at most the kept batches, so queue it whole.
+                s.set_sndhwm(0)?;
+                s.bind(ep)?;
+                Some(s)
+            }
+            None => None,
+        };
+        Ok(Self {
+            config,
+            _ctx: ctx,
+            publish,
+            replay,
+            next_seq: 0,
+            kept: VecDeque::new(),
+            dropped: 0,
+            resyncs: 0,
+            subscribers: 0,
+        })
+    }
+
+    /// The publishing socket's bound endpoint (with the port a `*` picked).
+    pub fn endpoint(&self) -> String {
+        last_endpoint(&self.publish)
+    }
+
+    /// The replay socket's bound endpoint.
+    pub fn replay_endpoint(&self) -> Option<String> {
+        self.replay.as_ref().map(last_endpoint)
+    }
+
+    /// The sequence number the next batch gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Times the ring had dropped events and a snapshot was sent.
+    pub fn resyncs(&self) -> u64 {
+        self.resyncs
+    }
+
+    /// Subscriptions live now: subscribes minus unsubscribes seen so far
+    /// (a consumer subscribed to two topics counts twice). Reads what
+    /// consumers sent without waiting.
+    pub fn subscribers(&mut self) -> Result<usize, zmq::Error> {
+        while self.publish.poll(zmq::POLLIN, 0)? > 0 {
+            let msg = self.publish.recv_bytes(0)?;
+            match msg.first() {
+                Some(1) => self.subscribers += 1,
+                Some(0) => self.subscribers = self.subscribers.saturating_sub(1),
+                _ => {}
+            }
+        }
+        Ok(self.subscribers)
+    }
+
+    /// Sends every event in `store`'s ring as batches and returns how many
+    /// were sent (none if it has no ring). If the ring dropped events since
+    /// the last call, consumers cannot know which, so the first batch is
+    /// `AllBlocksCleared` followed by the store's current blocks
+    /// ([`CacheStore::snapshot`]), then the ring's events: a consumer's
+    /// index is exact again once they apply. Call it from one thread.
+    pub fn pump<E: EvictionPolicy>(
+        &mut self,
+        store: &CacheStore<'_, E>,
+    ) -> Result<usize, zmq::Error> {
+        let Some(ring) = store.events() else {
+            return Ok(0);
+        };
+        let mut events = Vec::new();
+        let dropped = ring.dropped();
+        if dropped != self.dropped {
+            self.dropped = dropped;
+            self.resyncs += 1;
+            // Drain first: what the ring holds happened before the
+            // snapshot is taken, and the snapshot already says it.
+            ring.try_drain(&mut |_, _| {});
+            events.push(KvEvent::Cleared);
+            store.snapshot(&mut |e| events.push(e));
+        }
+        ring.try_drain(&mut |_, e| events.push(e));
+        self.send(&events, ring.medium())
+    }
+
+    /// Sends `events` as batches of at most the configured size; returns
+    /// how many batches.
+    pub fn send(&mut self, events: &[KvEvent], medium: Medium) -> Result<usize, zmq::Error> {
+        let mut sent = 0;
+        for chunk in events.chunks(self.config.max_batch_events.max(1)) {
+            let wire = fold(chunk, self.config.block_size, medium);
+            let ts = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let payload = encode(ts, &wire);
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.publish.send_multipart(
+                [
+                    self.config.topic.as_bytes(),
+                    &seq.to_be_bytes()[..],
+                    &payload[..],
+                ],
+                0,
+            )?;
+            if self.replay.is_some() && self.config.replay_batches > 0 {
+                if self.kept.len() == self.config.replay_batches {
+                    self.kept.pop_front();
+                }
+                self.kept.push_back((seq, payload));
+            }
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// Answers replay requests for up to `timeout_ms` (0: only those
+    /// waiting now); returns how many were answered. A request that is not
+    /// one 8-byte frame after the peer's identity gets the end marker only.
+    pub fn serve_replay(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
+        let Some(replay) = &self.replay else {
+            return Ok(0);
+        };
+        let mut answered = 0;
+        let mut wait = timeout_ms;
+        while replay.poll(zmq::POLLIN, wait)? > 0 {
+            wait = 0;
+            let frames = replay.recv_multipart(0)?;
+            let Some((identity, rest)) = frames.split_first() else {
+                continue;
+            };
+            // A REQ peer puts an empty delimiter before its request; the
+            // reply needs it back.
+            let envelope: Vec<&[u8]> = std::iter::once(identity.as_slice())
+                .chain(rest.iter().take_while(|f| f.is_empty()).map(Vec::as_slice))
+                .collect();
+            let start = match rest.last().map(|f| <[u8; 8]>::try_from(f.as_slice())) {
+                Some(Ok(b)) => Some(u64::from_be_bytes(b)),
+                _ => None,
+            };
+            if let Some(start) = start {
+                for (seq, payload) in self.kept.iter().filter(|(s, _)| *s >= start) {
+                    let mut msg = envelope.clone();
+                    let seq = seq.to_be_bytes();
+                    msg.push(&seq);
+                    msg.push(payload);
+                    replay.send_multipart(msg, 0)?;
+                }
+            }
+            let mut end = envelope.clone();
+            let marker = (-1i64).to_be_bytes();
+            end.push(&marker);
+            end.push(&[]);
+            replay.send_multipart(end, 0)?;
+            answered += 1;
+        }
+        Ok(answered)
+    }
+}
+
+fn last_endpoint(s: &zmq::Socket) -> String {
+    match s.get_last_endpoint() {
+        Ok(Ok(ep)) => ep,
+        _ => String::new(),
+    }
+}

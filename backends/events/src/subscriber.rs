@@ -1,0 +1,349 @@
+//! The router's side: one SUB socket per worker, gap repair through each
+//! worker's replay socket, and the prefix index the batches build.
+
+use std::collections::VecDeque;
+
+use crate::index::PrefixIndex;
+use crate::wire::{Batch, decode};
+
+/// One worker's publisher, as a subscriber reaches it.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// Its publishing endpoint ([`Publisher::endpoint`](crate::Publisher::endpoint)).
+    pub endpoint: String,
+    /// Its replay endpoint, if it has one.
+    pub replay_endpoint: Option<String>,
+}
+
+/// What a [`Subscriber`] received and what it made of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberStats {
+    /// Batches applied to the index, live or replayed.
+    pub batches: u64,
+    /// Events applied.
+    pub events: u64,
+    /// Batches received out of a replay rather than live.
+    pub replayed: u64,
+    /// Sequence gaps found (each repaired, or counted in `unfilled`).
+    pub gaps: u64,
+    /// Batches a replay could not supply (the worker no longer kept them).
+    pub unfilled: u64,
+    /// Messages that were not `[topic, 8-byte sequence, payload]`, or whose
+    /// payload was not a batch: dropped.
+    pub malformed: u64,
+    /// Events of kinds the decoder does not know: skipped.
+    pub unknown_events: u64,
+    /// Batches whose sequence number was not above the last applied one:
+    /// dropped (duplicates, or a publisher that went backwards).
+    pub backwards: u64,
+}
+
+/// Problems kept for a log: the most recent ones.
+const PROBLEMS_KEPT: usize = 32;
+
+struct Worker {
+    sub: zmq::Socket,
+    replay: Option<zmq::Socket>,
+    /// The next sequence number to apply: every batch below it has been
+    /// applied (or counted as unfilled).
+    next: u64,
+    /// The next sequence number expected live: below it is a duplicate or
+    /// a publisher that went backwards.
+    live_next: u64,
+}
+
+/// Subscribes to every worker's events and keeps a [`PrefixIndex`] of what
+/// each holds. Never panics on what arrives: bad messages are counted
+/// ([`stats`](Self::stats)) and described ([`problems`](Self::problems)),
+/// and the index keeps what it knew.
+///
+/// A batch whose sequence number skips ahead asks that worker's replay
+/// socket for the missing range before it applies, so the index sees every
+/// batch in order; the first batch from a worker asks for everything
+/// before it the same way.
+///
+/// ```
+/// use kvslice_core::events::{EventRing, Medium};
+/// use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey};
+/// use kvslice_events::{Publisher, PublisherConfig, Source, Subscriber};
+///
+/// // A worker: a store with an event ring, and its publisher.
+/// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32))?;
+/// let store = CacheStore::new(layout, 8, LruPolicy::new(8))?
+///     .with_events(EventRing::new(256, Medium::Gpu));
+/// let mut publisher = Publisher::bind(PublisherConfig::default())?;
+/// // The router.
+/// let mut router = Subscriber::connect(
+///     &[Source { endpoint: publisher.endpoint(), replay_endpoint: publisher.replay_endpoint() }],
+///     1_000,
+/// )?;
+/// while publisher.subscribers()? == 0 {
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+/// }
+/// // The worker caches a block and forwards its events.
+/// let key = SliceKey { block: BlockHash(42), block_index: 0, layer_group: 0, head_shard: 0 };
+/// let (guard, req) = (store.pin(), store.begin_request());
+/// let page = store.allocate(1, &guard)?.pop().unwrap();
+/// drop(store.publish(&req, page, key, None, 16, &guard)?);
+/// store.end_request(req)?;
+/// publisher.pump(&store)?;
+/// // The router learns that worker 0 holds it.
+/// assert!(router.sync(0, publisher.next_seq(), 5_000)?);
+/// assert_eq!(router.index().overlaps(&[key]), [1]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Subscriber {
+    _ctx: zmq::Context,
+    workers: Vec<Worker>,
+    index: PrefixIndex,
+    stats: SubscriberStats,
+    problems: VecDeque<String>,
+    replay_timeout_ms: i64,
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("workers", &self.workers.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Subscriber {
+    /// Connects to `sources` (worker `i` is `sources[i]`, at most
+    /// [`MAX_WORKERS`](crate::index::MAX_WORKERS)), subscribing to every
+    /// topic. A replay that does not answer within `replay_timeout_ms`
+    /// leaves its gap unfilled.
+    pub fn connect(sources: &[Source], replay_timeout_ms: i64) -> Result<Self, zmq::Error> {
+        if sources.is_empty() || sources.len() > crate::index::MAX_WORKERS {
+            return Err(zmq::Error::EINVAL);
+        }
+        let ctx = zmq::Context::new();
+        let mut workers = Vec::with_capacity(sources.len());
+        for s in sources {
+            let sub = ctx.socket(zmq::SUB)?;
+            sub.set_linger(0)?;
+            sub.set_subscribe(b"")?;
+            sub.connect(&s.endpoint)?;
+            let replay = match &s.replay_endpoint {
+                Some(ep) => {
+                    let d = ctx.socket(zmq::DEALER)?;
+                    d.set_linger(0)?;
+                    d.connect(ep)?;
+                    Some(d)
+                }
+                None => None,
+            };
+            workers.push(Worker {
+                sub,
+                replay,
+                next: 0,
+                live_next: 0,
+            });
+        }
+        Ok(Self {
+            _ctx: ctx,
+            index: PrefixIndex::new(sources.len()),
+            workers,
+            stats: SubscriberStats::default(),
+            problems: VecDeque::new(),
+            replay_timeout_ms,
+        })
+    }
+
+    /// The index built so far.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SubscriberStats {
+        self.stats
+    }
+
+    /// The most recent problems, oldest first, for a log.
+    pub fn problems(&self) -> impl Iterator<Item = &str> {
+        self.problems.iter().map(String::as_str)
+    }
+
+    /// The sequence number the next batch of `worker` should carry: every
+    /// batch below it has been applied (or counted as unfilled).
+    pub fn next_seq(&self, worker: usize) -> u64 {
+        self.workers[worker].next
+    }
+
+    /// Forgets what `worker` held: for a worker known to be gone.
+    pub fn forget_worker(&mut self, worker: usize) {
+        self.index.clear_worker(worker);
+    }
+
+    /// Applies every message waiting now, after waiting up to `timeout_ms`
+    /// for the first (0: no wait; -1: forever); returns how many messages
+    /// were handled.
+    pub fn poll(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
+        let mut handled = 0;
+        let mut wait = timeout_ms;
+        loop {
+            let mut items: Vec<zmq::PollItem<'_>> = self
+                .workers
+                .iter()
+                .map(|w| w.sub.as_poll_item(zmq::POLLIN))
+                .collect();
+            if zmq::poll(&mut items, wait)? == 0 {
+                return Ok(handled);
+            }
+            let ready: Vec<usize> = items
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| i.is_readable())
+                .map(|(w, _)| w)
+                .collect();
+            drop(items);
+            for w in ready {
+                while self.workers[w].sub.poll(zmq::POLLIN, 0)? > 0 {
+                    let frames = self.workers[w].sub.recv_multipart(0)?;
+                    self.handle(w, &frames)?;
+                    handled += 1;
+                }
+            }
+            wait = 0;
+        }
+    }
+
+    /// Waits until every batch of `worker` below `seq` has been applied, or
+    /// `timeout_ms` passed; returns whether it got there.
+    pub fn sync(&mut self, worker: usize, seq: u64, timeout_ms: u64) -> Result<bool, zmq::Error> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+        while self.workers[worker].next < seq {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            self.poll(left.as_millis().max(1) as i64)?;
+        }
+        Ok(true)
+    }
+
+    fn problem(&mut self, what: String) {
+        if self.problems.len() == PROBLEMS_KEPT {
+            self.problems.pop_front();
+        }
+        self.problems.push_back(what);
+    }
+
+    fn handle(&mut self, w: usize, frames: &[Vec<u8>]) -> Result<(), zmq::Error> {
+        let (seq, payload) = match frames {
+            [_topic, seq, payload] => match <[u8; 8]>::try_from(seq.as_slice()) {
+                Ok(b) => (u64::from_be_bytes(b), payload),
+                Err(_) => {
+                    self.stats.malformed += 1;
+                    self.problem(format!(
+                        "worker {w}: a sequence frame of {} bytes",
+                        seq.len()
+                    ));
+                    return Ok(());
+                }
+            },
+            _ => {
+                self.stats.malformed += 1;
+                self.problem(format!("worker {w}: a message of {} frames", frames.len()));
+                return Ok(());
+            }
+        };
+        let worker = &mut self.workers[w];
+        if seq < worker.live_next {
+            let last = worker.live_next - 1;
+            self.stats.backwards += 1;
+            self.problem(format!("worker {w}: batch {seq} after {last}"));
+            return Ok(());
+        }
+        worker.live_next = seq + 1;
+        if seq > worker.next {
+            self.stats.gaps += 1;
+            self.fill(w, seq)?;
+        }
+        // A replay may have brought this batch already.
+        if seq == self.workers[w].next {
+            self.apply(w, seq, payload);
+        }
+        Ok(())
+    }
+
+    /// Asks `w`'s replay socket for every batch from the next one to apply
+    /// on, and applies them in order; whatever below `to` it cannot supply
+    /// is counted lost.
+    fn fill(&mut self, w: usize, to: u64) -> Result<(), zmq::Error> {
+        let from = self.workers[w].next;
+        let mut got = Vec::new();
+        if let Some(replay) = &self.workers[w].replay {
+            replay.send(&from.to_be_bytes()[..], 0)?;
+            let deadline = std::time::Instant::now()
+                + std::time::Duration::from_millis(self.replay_timeout_ms.max(0) as u64);
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if replay.poll(zmq::POLLIN, left.as_millis() as i64)? == 0 {
+                    break;
+                }
+                let frames = replay.recv_multipart(0)?;
+                let [seq, payload] = &frames[..] else {
+                    self.stats.malformed += 1;
+                    continue;
+                };
+                let Ok(seq) = <[u8; 8]>::try_from(seq.as_slice()).map(i64::from_be_bytes) else {
+                    self.stats.malformed += 1;
+                    continue;
+                };
+                if seq < 0 {
+                    break;
+                }
+                got.push((seq as u64, payload.clone()));
+            }
+        }
+        for (seq, payload) in got {
+            let next = self.workers[w].next;
+            if seq < next {
+                continue;
+            }
+            if seq > next {
+                self.unfilled(w, next, seq);
+            }
+            self.stats.replayed += 1;
+            self.apply(w, seq, &payload);
+        }
+        let next = self.workers[w].next;
+        if next < to {
+            self.unfilled(w, next, to);
+            self.workers[w].next = to;
+        }
+        Ok(())
+    }
+
+    fn unfilled(&mut self, w: usize, from: u64, to: u64) {
+        self.stats.unfilled += to - from;
+        self.problem(format!("worker {w}: batches {from}..{to} lost"));
+    }
+
+    fn apply(&mut self, w: usize, seq: u64, payload: &[u8]) {
+        self.workers[w].next = seq + 1;
+        match decode(payload) {
+            Ok(Batch {
+                events, skipped, ..
+            }) => {
+                self.stats.batches += 1;
+                self.stats.events += events.len() as u64;
+                for e in &events {
+                    self.index.apply(w, e);
+                }
+                if !skipped.is_empty() {
+                    self.stats.unknown_events += skipped.len() as u64;
+                    self.problem(format!("worker {w}: skipped events {skipped:?}"));
+                }
+            }
+            Err(e) => {
+                self.stats.malformed += 1;
+                self.problem(format!("worker {w}: batch {seq}: {e}"));
+            }
+        }
+    }
+}

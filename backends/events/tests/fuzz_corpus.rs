@@ -1,0 +1,92 @@
+//! The wire fuzz harness (`fuzz/fuzz_targets/events_wire.rs`) on its
+//! committed seeds and on random and mutated inputs: stable Rust, no
+//! fuzzer needed.
+
+use kvslice_core::events::{KvEvent, Medium};
+use kvslice_core::{BlockHash, SliceKey};
+use kvslice_events::{fuzzing, wire};
+
+fn next(state: &mut u64) -> u64 {
+    // splitmix64: enough to draw bytes.
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[test]
+fn seeds_replay_cleanly() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/events_wire");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "too few seeds in {}", dir.display());
+    let mut accepted = 0;
+    for f in files {
+        let data = std::fs::read(&f).unwrap();
+        accepted += usize::from(wire::decode(&data).is_ok());
+        fuzzing::payload(&data);
+    }
+    assert!(accepted >= 2, "the seeds include valid batches");
+}
+
+/// A real batch with one byte changed, cut short, or extended, many times:
+/// the decoder refuses or accepts, and never panics.
+#[test]
+fn mutated_batches_never_panic() {
+    let key = |b: u128, i| SliceKey {
+        block: BlockHash(b),
+        block_index: i,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    let events = [
+        KvEvent::Stored {
+            key: key(1, 0),
+            parent: None,
+            tokens: 16,
+        },
+        KvEvent::Stored {
+            key: key(2, 1),
+            parent: Some(BlockHash(1)),
+            tokens: 16,
+        },
+        KvEvent::Removed { key: key(1, 0) },
+        KvEvent::Cleared,
+    ];
+    let good = wire::encode(12.5, &wire::fold(&events, 16, Medium::Cpu));
+    let mut state = 11;
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..20_000 {
+        let mut data = good.clone();
+        match next(&mut state) % 3 {
+            0 => {
+                let at = (next(&mut state) % data.len() as u64) as usize;
+                data[at] = next(&mut state) as u8;
+            }
+            1 => data.truncate((next(&mut state) % data.len() as u64) as usize),
+            _ => data.extend((0..next(&mut state) % 8).map(|_| next(&mut state) as u8)),
+        }
+        match wire::decode(&data) {
+            Ok(_) => ok += 1,
+            Err(_) => refused += 1,
+        }
+        fuzzing::payload(&data);
+    }
+    println!("accepted {ok}, refused {refused}");
+    assert!(ok > 0 && refused > 0, "accepted {ok}, refused {refused}");
+}
+
+#[test]
+fn random_bytes_keep_every_rule() {
+    let mut state = 5;
+    for _ in 0..2_000 {
+        let len = (next(&mut state) % 400) as usize;
+        let data: Vec<u8> = (0..len).map(|_| next(&mut state) as u8).collect();
+        fuzzing::payload(&data);
+    }
+}

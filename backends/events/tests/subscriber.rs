@@ -1,0 +1,244 @@
+//! The router's subscriber against real publishers over loopback: a slow
+//! consumer whose ZeroMQ queues overflow finds the gaps and fills them from
+//! the replay socket; a store whose event ring overflows resynchronises
+//! it; a misbehaving worker costs the index nothing it knew.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use kvslice_core::events::{EventRing, KvEvent, Medium};
+use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey};
+use kvslice_events::wire::{WireEvent, encode};
+use kvslice_events::{Publisher, PublisherConfig, Source, Subscriber};
+
+fn key(conv: u64, i: u32) -> SliceKey {
+    SliceKey {
+        block: BlockHash(u128::from(conv) << 64 | u128::from(i) | 1 << 126),
+        block_index: i,
+        layer_group: 0,
+        head_shard: 0,
+    }
+}
+
+fn wait_for_subscriber(p: &mut Publisher) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while p.subscribers().unwrap() == 0 {
+        assert!(Instant::now() < deadline, "no subscriber arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn source(p: &Publisher) -> Source {
+    Source {
+        endpoint: p.endpoint(),
+        replay_endpoint: p.replay_endpoint(),
+    }
+}
+
+/// Everything cached in `store`, as the index names blocks.
+fn holdings(store: &CacheStore<'static, LruPolicy>) -> BTreeSet<BlockHash> {
+    let mut out = BTreeSet::new();
+    store.snapshot(&mut |e| {
+        if let KvEvent::Stored { key, .. } = e {
+            out.insert(key.block);
+        }
+    });
+    out
+}
+
+fn indexed(
+    sub: &Subscriber,
+    worker: usize,
+    candidates: &BTreeSet<BlockHash>,
+) -> BTreeSet<BlockHash> {
+    candidates
+        .iter()
+        .copied()
+        .filter(|&b| {
+            let k = SliceKey {
+                block: b,
+                block_index: 0,
+                layer_group: 0,
+                head_shard: 0,
+            };
+            sub.index().overlaps(&[k])[worker] == 1
+        })
+        .collect()
+}
+
+#[test]
+fn a_slow_consumer_fills_its_gaps_from_the_replay_socket() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
+    // Two workers; worker 1's ring is small, so a burst overflows it.
+    let stores: Vec<_> = [1 << 16, 64]
+        .into_iter()
+        .map(|slots| {
+            CacheStore::new(layout, 256, LruPolicy::new(256))
+                .unwrap()
+                .with_events(EventRing::new(slots, Medium::Gpu))
+        })
+        .collect();
+    let mut pubs: Vec<_> = (0..2)
+        .map(|_| {
+            Publisher::bind(PublisherConfig {
+                max_batch_events: 4,
+                send_hwm: 8,
+                ..PublisherConfig::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    let mut sub = Subscriber::connect(&[source(&pubs[0]), source(&pubs[1])], 5_000).unwrap();
+    for p in &mut pubs {
+        wait_for_subscriber(p);
+    }
+    let mut all = BTreeSet::new();
+    // The consumer does not read while 3,000 requests' events go out.
+    for conv in 0..3_000u64 {
+        let w = (conv % 2) as usize;
+        let store = &stores[w];
+        let keys: Vec<SliceKey> = (0..6).map(|i| key(conv % 700, i)).collect();
+        all.extend(keys.iter().map(|k| k.block));
+        let (guard, req) = (store.pin(), store.begin_request());
+        let mut held = Vec::new();
+        let hits = store
+            .lookup_prefix(&req, &keys, 96, &guard, &mut held)
+            .unwrap();
+        let pages = store.allocate(6 - hits as u32, &guard).unwrap();
+        for (k, page) in keys[hits..].iter().zip(pages) {
+            let r = store
+                .publish(&req, page, *k, held.last(), 16, &guard)
+                .unwrap();
+            held.push(r);
+        }
+        drop(held);
+        store.end_request(req).unwrap();
+        // Worker 1 forwards only now and then: its 64-slot ring overflows.
+        if w == 0 || conv % 100 == 99 {
+            pubs[w].pump(store).unwrap();
+        }
+    }
+    for (p, s) in pubs.iter_mut().zip(&stores) {
+        p.pump(s).unwrap();
+    }
+    assert!(
+        stores[1].events().unwrap().dropped() > 0,
+        "worker 1's ring overflowed"
+    );
+    assert!(pubs[1].resyncs() > 0);
+    // Now read, while the workers answer replay requests.
+    let targets: Vec<u64> = pubs.iter().map(Publisher::next_seq).collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (pubs, stop) = (&mut pubs, &stop);
+        s.spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for p in pubs.iter_mut() {
+                    p.serve_replay(2).unwrap();
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (0..2).any(|w| sub.next_seq(w) < targets[w]) {
+            if Instant::now() > deadline {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("never caught up: {:?}", sub.stats());
+            }
+            sub.poll(50).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let stats = sub.stats();
+    println!("{stats:?}");
+    assert!(stats.gaps > 0, "the overflow left gaps the consumer saw");
+    assert!(stats.replayed > 0, "the replay socket filled them");
+    assert_eq!(stats.unfilled, 0);
+    assert_eq!((stats.malformed, stats.backwards), (0, 0));
+    for (w, store) in stores.iter().enumerate() {
+        assert_eq!(indexed(&sub, w, &all), holdings(store), "worker {w}");
+    }
+}
+
+#[test]
+fn bad_input_is_counted_and_costs_nothing_known() {
+    let ctx = zmq::Context::new();
+    let worker = ctx.socket(zmq::XPUB).unwrap();
+    worker.bind("tcp://127.0.0.1:*").unwrap();
+    let endpoint = worker.get_last_endpoint().unwrap().unwrap();
+    let mut sub = Subscriber::connect(
+        &[Source {
+            endpoint,
+            replay_endpoint: None,
+        }],
+        100,
+    )
+    .unwrap();
+    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let stored = |b: u128| WireEvent::Stored {
+        hashes: vec![BlockHash(b)],
+        parent: None,
+        tokens: vec![16],
+        block_size: 16,
+        medium: "GPU".into(),
+        layer_group: 0,
+        head_shard: 0,
+        first_block_index: 0,
+    };
+    let send = |frames: &[&[u8]]| worker.send_multipart(frames, 0).unwrap();
+    let batch = |seq: u64, events: &[WireEvent]| {
+        let payload = encode(1.0, events);
+        send(&[b"kv", &seq.to_be_bytes(), &payload]);
+    };
+    batch(0, &[stored(1)]);
+    send(&[b"kv"]); // one frame
+    send(&[b"kv", b"abc", b"x"]); // a 3-byte sequence
+    send(&[b"kv", &1u64.to_be_bytes(), b"\xc1\xc1"]); // not a batch
+    // An unknown kind next to a known one.
+    let mut odd = encode(1.0, &[stored(2)]);
+    assert_eq!(
+        odd[..3],
+        [0x93, 0xcb, 0x3f],
+        "[ts, events, rank] with a float ts"
+    );
+    let at = odd.iter().position(|&b| b == 0x91).unwrap(); // the events array
+    odd[at] = 0x92;
+    odd.splice(at + 1..at + 1, [0x91, 0xa5, b'B', b'l', b'o', b'c', b'k']);
+    send(&[b"kv", &2u64.to_be_bytes(), &odd]);
+    batch(1, &[stored(3)]); // backwards
+    batch(5, &[stored(4)]); // a gap, and no replay socket
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sub.next_seq(0) < 6 {
+        assert!(Instant::now() < deadline, "{:?}", sub.stats());
+        sub.poll(20).unwrap();
+    }
+    let stats = sub.stats();
+    for p in sub.problems() {
+        println!("problem: {p}");
+    }
+    assert_eq!(stats.malformed, 3, "{stats:?}");
+    assert_eq!(stats.unknown_events, 1, "{stats:?}");
+    assert_eq!(stats.backwards, 1, "{stats:?}");
+    assert_eq!((stats.gaps, stats.unfilled), (1, 2), "{stats:?}");
+    let k = |b| SliceKey {
+        block: BlockHash(b),
+        block_index: 0,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    let known: Vec<usize> = [1, 2, 3, 4]
+        .iter()
+        .map(|&b| sub.index().overlaps(&[k(b)])[0])
+        .collect();
+    assert_eq!(
+        known,
+        [1, 1, 0, 1],
+        "blocks 1, 2 and 4 arrived; 3 came backwards"
+    );
+    // The worker disappears: polling returns, the index keeps what it knew
+    // until told the worker is gone.
+    drop(worker);
+    assert_eq!(sub.poll(50).unwrap(), 0);
+    assert_eq!(sub.index().blocks_of(0), 3);
+    sub.forget_worker(0);
+    assert_eq!(sub.index().blocks_of(0), 0);
+}
