@@ -84,9 +84,18 @@ const HAS_PARENT: u64 = 1 << 8;
 
 /// Words an event takes in a ring slot.
 pub(crate) const EVENT_WORDS: usize = 7;
+/// Where the event's number starts in the last word (below: kind, flags).
+const NUMBER_SHIFT: u32 = 16;
 
 impl KvEvent {
-    pub(crate) fn encode(&self) -> [u64; EVENT_WORDS] {
+    /// The event and its number (below 2^48) as words.
+    pub(crate) fn encode(&self, number: u64) -> [u64; EVENT_WORDS] {
+        let mut w = self.words();
+        w[EVENT_WORDS - 1] |= number << NUMBER_SHIFT;
+        w
+    }
+
+    fn words(&self) -> [u64; EVENT_WORDS] {
         let key_words = |k: &SliceKey| {
             let w = k.to_words();
             [w[0], w[1], w[2], w[3]]
@@ -118,7 +127,12 @@ impl KvEvent {
         }
     }
 
-    pub(crate) fn decode(w: [u64; EVENT_WORDS]) -> Self {
+    /// The number and the event `encode` wrote.
+    pub(crate) fn decode(w: [u64; EVENT_WORDS]) -> (u64, Self) {
+        (w[6] >> NUMBER_SHIFT, Self::from_words(w))
+    }
+
+    fn from_words(w: [u64; EVENT_WORDS]) -> Self {
         let key = SliceKey::from_words([w[0], w[1], w[2], w[3] & u64::from(u32::MAX)]);
         match w[6] & 0xff {
             KIND_STORED => KvEvent::Stored {
@@ -159,7 +173,9 @@ mod tests {
             KvEvent::Removed { key },
             KvEvent::Cleared,
         ] {
-            assert_eq!(KvEvent::decode(e.encode()), e);
+            for n in [0, 7, (1 << 48) - 1] {
+                assert_eq!(KvEvent::decode(e.encode(n)), (n, e));
+            }
         }
     }
 }
