@@ -1,6 +1,7 @@
 //! The `kvslice` tool's library: trace parsing, replay through the real
-//! store, eviction policies by name, sweeps with plots, the demo, and the
-//! real-model runner ([`llm`]). New to kvslice? Start with the [`guide`].
+//! store, eviction policies by name, sweeps with plots, routing across
+//! workers by their KV events, the demo, and the real-model runner
+//! ([`llm`]). New to kvslice? Start with the [`guide`].
 
 pub mod decode_workload;
 pub mod demo;
@@ -9,6 +10,8 @@ pub mod llm;
 pub mod model;
 pub mod policy;
 pub mod replay;
+#[cfg(feature = "events")]
+pub mod route;
 pub mod serve;
 pub mod sweep;
 pub mod trace;

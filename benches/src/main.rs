@@ -36,6 +36,9 @@ enum Command {
     Sweep(SweepArgs),
     /// Serve a stream of requests over a tiny model, with and without prefix reuse.
     Serve(ServeArgs),
+    /// Route a trace across workers that publish KV events: prefix-aware vs round-robin vs least-loaded.
+    #[cfg(feature = "events")]
+    Route(RouteArgs),
     /// Walk a few requests through the coordinator and the reference engine.
     Demo,
     /// Chat with a real model (SmolLM2 GGUF) whose K/V lives in kvslice.
@@ -99,6 +102,32 @@ struct ReplayArgs {
     json: bool,
 }
 
+#[cfg(feature = "events")]
+#[derive(Args, Clone)]
+struct RouteArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Worker counts to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "4,8")]
+    workers: Vec<usize>,
+    /// Each worker's cache capacity in 512-token blocks.
+    #[arg(long, default_value_t = 1000)]
+    capacity_blocks: u32,
+    /// Each worker's eviction policy.
+    #[arg(long, default_value = "default")]
+    policy: String,
+    /// The prefix strategy's cap on a worker's share of requests, as a
+    /// multiple of the fair share: tight caps also spread cache pressure.
+    #[arg(long, default_value_t = 1.05)]
+    balance: f64,
+    /// Where to write the SVG plot.
+    #[arg(long, default_value = "kvslice-route.svg")]
+    out: PathBuf,
+    /// One JSON object per (workers, strategy) on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Args, Clone)]
 struct SweepArgs {
     #[command(flatten)]
@@ -127,6 +156,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => run_replay(&args),
         Command::Sweep(args) => run_sweep(&args),
         Command::Serve(args) => run_serve(&args),
+        #[cfg(feature = "events")]
+        Command::Route(args) => run_route(&args),
         Command::Demo => kvslice_benches::demo::demo().map_err(|e| e.to_string()),
         #[cfg(feature = "llm")]
         Command::Generate(args) => kvslice_benches::llm::cli::run_generate(&args),
@@ -274,6 +305,68 @@ fn run_sweep(args: &SweepArgs) -> Result<(), String> {
         &args.out,
     )
     .map_err(|e| format!("plotting: {e}"))?;
+    println!("\nplot written to {}", args.out.display());
+    Ok(())
+}
+
+#[cfg(feature = "events")]
+fn run_route(args: &RouteArgs) -> Result<(), String> {
+    use kvslice_benches::route::{RouteConfig, Strategy, plot, route, table};
+    policies(std::slice::from_ref(&args.policy))?;
+    if args.policy == "belady" {
+        return Err("belady is an offline oracle of one store; pick an online policy".into());
+    }
+    let trace = load(&args.trace)?;
+    let mut reports = Vec::new();
+    let mut pooled = Vec::new();
+    for &workers in &args.workers {
+        let cfg = RouteConfig {
+            workers,
+            capacity_blocks: args.capacity_blocks,
+            policy: args.policy.clone(),
+            balance: args.balance,
+            progress: !args.json,
+        };
+        for s in Strategy::ALL {
+            let r = route(&trace, &cfg, s).map_err(|e| format!("{} x{workers}: {e}", s.name()))?;
+            if args.json {
+                println!("{}", r.to_json());
+            }
+            reports.push(r);
+        }
+        // The same memory as one store: what no router can beat by much.
+        let one = replay(
+            &trace,
+            &ReplayConfig {
+                policy: args.policy.clone(),
+                capacity_blocks: args.capacity_blocks * workers as u32,
+                threads: 1,
+                lockstep: false,
+                progress: false,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        pooled.push((workers, one.block_hit_ratio));
+    }
+    if args.json {
+        return Ok(());
+    }
+    println!(
+        "trace {}: {} requests, {} block lookups; each worker {} blocks, policy {}\n",
+        args.trace.trace.display(),
+        trace.requests.len(),
+        trace.blocks(),
+        args.capacity_blocks,
+        args.policy
+    );
+    print!("{}", table(&reports));
+    for (workers, ratio) in pooled {
+        println!(
+            "one store of {} blocks (all {workers} workers' memory, no routing): block hit ratio {ratio:.4}",
+            args.capacity_blocks * workers as u32
+        );
+    }
+    plot(&reports, &args.out).map_err(|e| format!("plotting: {e}"))?;
     println!("\nplot written to {}", args.out.display());
     Ok(())
 }

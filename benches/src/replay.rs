@@ -99,11 +99,24 @@ impl ReplayReport {
 }
 
 /// The keys of every request, derived once per replay.
-struct Keys {
-    per_request: Vec<Vec<SliceKey>>,
+pub(crate) struct Keys {
+    pub(crate) per_request: Vec<Vec<SliceKey>>,
 }
 
-fn keys(trace: &Trace, layout: KvLayout) -> Result<Keys, Error> {
+/// The store layout of a trace replay: pages carry metadata only, so the
+/// smallest page of one trace block.
+pub(crate) fn trace_layout() -> Result<KvLayout, Error> {
+    KvLayout::new(LayoutSpec::new(
+        1,
+        1,
+        1,
+        1,
+        TRACE_BLOCK_TOKENS,
+        KvDtype::F16,
+    ))
+}
+
+pub(crate) fn keys(trace: &Trace, layout: KvLayout) -> Result<Keys, Error> {
     let coord = Coordinator::new(layout, HashSecret::from_bytes(*b"kvslice-replay!!"));
     let scope = KeyScope::default();
     let per_request = trace
@@ -125,15 +138,7 @@ pub fn replay(trace: &Trace, cfg: &ReplayConfig) -> Result<ReplayReport, Error> 
     if cfg.threads == 0 {
         return Err(Error::InvalidValue("threads must be at least 1"));
     }
-    // Pages carry metadata only here; the smallest page of 512 tokens.
-    let layout = KvLayout::new(LayoutSpec::new(
-        1,
-        1,
-        1,
-        1,
-        TRACE_BLOCK_TOKENS,
-        KvDtype::F16,
-    ))?;
+    let layout = trace_layout()?;
     let started = Instant::now();
     let keys = keys(trace, layout)?;
     if cfg.policy == "belady" {
@@ -302,7 +307,7 @@ fn serve<'s, E: EvictionPolicy>(
 
 /// Starts request `i` and takes references on its cached prefix
 /// (appended to `held`), timing the lookup; returns the ticket and hits.
-fn lookup<'s, E: EvictionPolicy>(
+pub(crate) fn lookup<'s, E: EvictionPolicy>(
     store: &'s CacheStore<'static, E>,
     trace: &Trace,
     keys: &Keys,
@@ -327,7 +332,7 @@ fn lookup<'s, E: EvictionPolicy>(
 /// Allocates and publishes request `i`'s blocks after its `hits`, holding
 /// them in `held` (a request whose blocks get no pages caches nothing).
 #[allow(clippy::too_many_arguments)]
-fn fill<'s, E: EvictionPolicy>(
+pub(crate) fn fill<'s, E: EvictionPolicy>(
     store: &'s CacheStore<'static, E>,
     trace: &Trace,
     keys: &Keys,

@@ -35,3 +35,7 @@ pub mod fuzzing;
 pub use publisher::{Publisher, PublisherConfig};
 #[cfg(feature = "zmq")]
 pub use subscriber::{Source, Subscriber, SubscriberStats};
+/// The ZeroMQ bindings the publisher and subscriber use (their errors are
+/// `zmq::Error`).
+#[cfg(feature = "zmq")]
+pub use zmq;
