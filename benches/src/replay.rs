@@ -26,7 +26,7 @@ use crate::trace::{TRACE_BLOCK_TOKENS, Trace};
 /// What to replay with.
 #[derive(Debug, Clone)]
 pub struct ReplayConfig {
-    /// Policy name (see [`policy::POLICIES`]).
+    /// Policy name (see [`crate::policy::POLICIES`]).
     pub policy: String,
     /// Cache capacity in blocks (pages).
     pub capacity_blocks: u32,
