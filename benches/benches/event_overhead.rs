@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use kvslice_core::events::{EventRing, Medium};
+use kvslice_core::testkit::serve_blocks;
 use kvslice_core::{
     BlockHash, CacheStore, EvictionPolicy, KvDtype, KvLayout, LayoutSpec, SliceKey,
 };
@@ -59,16 +60,8 @@ fn publish_evict(
     for conv in from..from + n {
         let (guard, req) = (store.pin(), store.begin_request());
         let keys: Vec<SliceKey> = (0..BLOCKS).map(|i| key(conv, i)).collect();
-        let hits = store
-            .lookup_prefix(&req, &keys, (BLOCKS * 16) as usize, &guard, &mut held)
-            .expect("lookup");
-        let pages = store.allocate(BLOCKS - hits as u32, &guard).expect("pages");
-        for (k, page) in keys[hits..].iter().zip(pages) {
-            let r = store
-                .publish(&req, page, *k, held.last(), 16, &guard)
-                .expect("publish");
-            held.push(r);
-        }
+        serve_blocks(store, &req, &keys, 16, &guard, &mut held).expect("serve");
+        debug_assert_eq!(held.len(), BLOCKS as usize);
         held.clear();
         store.end_request(req).expect("end");
         after(conv);

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvslice_core::events::{EventRing, KvEvent, Medium};
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{Rng, serve_blocks};
 use kvslice_core::{
     BlockHash, CacheStore, ClockPolicy, DensityPolicy, EvictionPolicy, KvDtype, KvLayout,
     LayoutSpec, LruPolicy, PageRef, SliceKey, TinyLfuPolicy,
@@ -40,19 +40,7 @@ fn request<'s, E: EvictionPolicy>(
     let guard = store.pin();
     let req = store.begin_request();
     let mut refs = Vec::new();
-    let hits = store
-        .lookup_prefix(&req, &keys, keys.len() * 4, &guard, &mut refs)
-        .unwrap();
-    if hits < keys.len()
-        && let Ok(pages) = store.allocate((keys.len() - hits) as u32, &guard)
-    {
-        for (k, page) in keys[hits..].iter().zip(pages) {
-            let r = store
-                .publish(&req, page, *k, refs.last(), 4, &guard)
-                .unwrap();
-            refs.push(r);
-        }
-    }
+    serve_blocks(store, &req, &keys, 4, &guard, &mut refs).unwrap();
     if rng.below(8) == 0 {
         kept.append(&mut refs);
     }

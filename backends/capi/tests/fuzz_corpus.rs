@@ -2,15 +2,7 @@
 //! committed seeds and on random inputs: stable Rust, no fuzzer needed.
 
 use kvslice_capi::fuzzing;
-
-fn next(state: &mut u64) -> u64 {
-    // splitmix64: enough to draw bytes.
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use kvslice_core::testkit::Rng;
 
 #[test]
 fn seeds_replay_cleanly() {
@@ -28,11 +20,11 @@ fn seeds_replay_cleanly() {
 
 #[test]
 fn random_call_sequences_keep_every_rule() {
-    let mut state = 7;
+    let mut rng = Rng::new(7);
     let mut reached = fuzzing::Reached::default();
     for _ in 0..400 {
-        let len = (next(&mut state) % 1500) as usize;
-        let data: Vec<u8> = (0..len).map(|_| next(&mut state) as u8).collect();
+        let len = (rng.next_u64() % 1500) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         for (total, n) in reached.iter_mut().zip(fuzzing::calls(&data)) {
             *total += n;
         }

@@ -3,17 +3,9 @@
 //! fuzzer needed.
 
 use kvslice_core::events::{KvEvent, Medium};
+use kvslice_core::testkit::Rng;
 use kvslice_core::{BlockHash, SliceKey};
 use kvslice_events::{fuzzing, wire};
-
-fn next(state: &mut u64) -> u64 {
-    // splitmix64: enough to draw bytes.
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 #[test]
 fn seeds_replay_cleanly() {
@@ -59,17 +51,17 @@ fn mutated_batches_never_panic() {
         KvEvent::Cleared,
     ];
     let good = wire::encode(12.5, &wire::fold(&events, 16, Medium::Cpu));
-    let mut state = 11;
+    let mut rng = Rng::new(11);
     let (mut ok, mut refused) = (0, 0);
     for _ in 0..20_000 {
         let mut data = good.clone();
-        match next(&mut state) % 3 {
+        match rng.next_u64() % 3 {
             0 => {
-                let at = (next(&mut state) % data.len() as u64) as usize;
-                data[at] = next(&mut state) as u8;
+                let at = (rng.next_u64() % data.len() as u64) as usize;
+                data[at] = rng.next_u64() as u8;
             }
-            1 => data.truncate((next(&mut state) % data.len() as u64) as usize),
-            _ => data.extend((0..next(&mut state) % 8).map(|_| next(&mut state) as u8)),
+            1 => data.truncate((rng.next_u64() % data.len() as u64) as usize),
+            _ => data.extend((0..rng.next_u64() % 8).map(|_| rng.next_u64() as u8)),
         }
         match wire::decode(&data) {
             Ok(_) => ok += 1,
@@ -83,10 +75,10 @@ fn mutated_batches_never_panic() {
 
 #[test]
 fn random_bytes_keep_every_rule() {
-    let mut state = 5;
+    let mut rng = Rng::new(5);
     for _ in 0..2_000 {
-        let len = (next(&mut state) % 400) as usize;
-        let data: Vec<u8> = (0..len).map(|_| next(&mut state) as u8).collect();
+        let len = (rng.next_u64() % 400) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         fuzzing::payload(&data);
     }
 }

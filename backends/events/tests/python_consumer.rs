@@ -15,6 +15,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kvslice_core::events::{EventRing, KvEvent, Medium};
+use kvslice_core::testkit::serve_blocks;
 use kvslice_core::{
     BlockHash, CacheStore, EvictionPolicy, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey,
 };
@@ -56,17 +57,7 @@ fn serve<E: EvictionPolicy>(store: &CacheStore<'static, E>, conv: u128, blocks: 
     let guard = store.pin();
     let req = store.begin_request();
     let mut held = Vec::new();
-    let hits = store
-        .lookup_prefix(&req, &keys, keys.len() * 4, &guard, &mut held)
-        .unwrap();
-    if let Ok(pages) = store.allocate((keys.len() - hits) as u32, &guard) {
-        for (k, page) in keys[hits..].iter().zip(pages) {
-            let r = store
-                .publish(&req, page, *k, held.last(), 4, &guard)
-                .unwrap();
-            held.push(r);
-        }
-    }
+    serve_blocks(store, &req, &keys, 4, &guard, &mut held).unwrap();
     drop(held);
     store.end_request(req).unwrap();
 }

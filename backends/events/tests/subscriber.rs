@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use kvslice_core::events::{EventRing, KvEvent, Medium};
+use kvslice_core::testkit::serve_blocks;
 use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey};
 use kvslice_events::wire::{WireEvent, encode};
 use kvslice_events::{Publisher, PublisherConfig, Source, Subscriber};
@@ -101,16 +102,8 @@ fn a_slow_consumer_fills_its_gaps_from_the_replay_socket() {
         all.extend(keys.iter().map(|k| k.block));
         let (guard, req) = (store.pin(), store.begin_request());
         let mut held = Vec::new();
-        let hits = store
-            .lookup_prefix(&req, &keys, 96, &guard, &mut held)
-            .unwrap();
-        let pages = store.allocate(6 - hits as u32, &guard).unwrap();
-        for (k, page) in keys[hits..].iter().zip(pages) {
-            let r = store
-                .publish(&req, page, *k, held.last(), 16, &guard)
-                .unwrap();
-            held.push(r);
-        }
+        serve_blocks(store, &req, &keys, 16, &guard, &mut held).unwrap();
+        assert_eq!(held.len(), 6, "every block hit or got a page");
         drop(held);
         store.end_request(req).unwrap();
         // Worker 1 forwards only now and then: its 64-slot ring overflows.

@@ -1,5 +1,6 @@
 //! Shared test support (feature `testkit`): a small deterministic RNG,
-//! random paged scenarios, and a dense f64 attention oracle.
+//! random paged scenarios, a dense f64 attention oracle, and a request
+//! served against a store ([`serve_blocks`]).
 //!
 //! Every backend's accuracy suite builds a [`Scenario`], runs its engine
 //! over it and compares with [`Scenario::naive_f64`], so all backends are
@@ -21,8 +22,10 @@
 //! ```
 
 mod edge_cases;
+mod serve;
 
 pub use edge_cases::{EdgeCase, Outcome, edge_cases};
+pub use serve::serve_blocks;
 
 use alloc::vec;
 use alloc::vec::Vec;
