@@ -112,8 +112,12 @@ fn two_threads_ten_million_operations_each() {
         stats.hit_blocks + stats.miss_blocks,
         looked_up_blocks.load(Relaxed)
     );
+    // In Miri's few hundred operations, two publishes of one key may never
+    // race; natively they always do.
     assert!(
-        stats.hit_blocks > 0 && stats.evictions > 0 && stats.duplicate_publishes > 0,
+        stats.hit_blocks > 0
+            && stats.evictions > 0
+            && (cfg!(miri) || stats.duplicate_publishes > 0),
         "{stats:?}"
     );
     println!("{stats:?}");

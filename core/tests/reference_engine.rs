@@ -60,6 +60,10 @@ fn check(dtype: KvDtype, bt: u32, seqs: &[(usize, usize)], seed: u64) {
 /// Sliding windows: the shared window suite (placeholders before every
 /// window, so a read of one fails), then the bad input a window brings.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "numeric suite over safe code (engine, PageBuf); too slow under Miri"
+)]
 fn windows_match_naive_f64() {
     let n = window_suite_on(
         &ReferenceEngine,
@@ -110,6 +114,10 @@ fn windows_refuse_zero_and_placeholders_they_need() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "numeric suite over safe code (engine, PageBuf); too slow under Miri"
+)]
 fn decode_matches_naive_f64() {
     for (i, bt) in [1u32, 16, 7].into_iter().enumerate() {
         for (j, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
@@ -127,6 +135,10 @@ fn decode_matches_naive_f64() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "numeric suite over safe code (engine, PageBuf); too slow under Miri"
+)]
 fn causal_prefill_matches_naive_f64() {
     for (i, bt) in [1u32, 16, 7].into_iter().enumerate() {
         for (j, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]

@@ -56,7 +56,7 @@ fn threads_inserting_and_removing_disjoint_and_shared_keys() {
             let (map, values) = (&map, &values);
             s.spawn(move || {
                 let mut rng = Rng::new(t);
-                for i in 0..200_000u64 {
+                for i in 0..if cfg!(miri) { 300 } else { 200_000u64 } {
                     let guard = crossbeam_epoch::pin();
                     // Own keys: exact expectations. Shared keys: only sanity.
                     let own = key(1000 + t * 100 + i % 50);
@@ -99,7 +99,7 @@ fn racing_inserts_of_one_key_never_duplicate() {
     let (_pool, values) = handles(4);
     let map = SliceMap::with_collector(1, Collector::new());
     let barrier = std::sync::Barrier::new(2);
-    let rounds = 20_000u64;
+    let rounds = if cfg!(miri) { 60 } else { 20_000u64 };
     let wins: Vec<u64> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..2u64)
             .map(|t| {
