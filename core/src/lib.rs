@@ -98,7 +98,7 @@ pub use pool::{
     PageView, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
-pub use store::{CacheStore, Priority, RequestTicket, StoreStats, WindowHit};
+pub use store::{CacheStore, Priority, RequestTicket, SpillSink, StoreStats, WindowHit};
 
 /// The README's example runs as a doctest.
 #[cfg(doctest)]

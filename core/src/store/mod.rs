@@ -25,6 +25,7 @@
 mod events;
 mod meta;
 mod request;
+mod spill;
 mod stats;
 mod window;
 
@@ -36,6 +37,7 @@ use crossbeam_epoch::{Collector, Guard};
 
 pub use meta::Priority;
 pub use request::RequestTicket;
+pub use spill::SpillSink;
 pub use stats::StoreStats;
 pub use window::WindowHit;
 
@@ -110,6 +112,8 @@ pub struct CacheStore<'m, E: EvictionPolicy> {
     reads: Option<ReadBuffer>,
     /// Where publishes and evictions are reported, if anywhere.
     events: Option<crate::events::EventRing>,
+    /// Where evicted blocks' bytes go, if anywhere.
+    spill: Option<alloc::boxed::Box<dyn SpillSink>>,
     id: u32,
     next_request: AtomicU64,
     stats: Counters,
@@ -163,6 +167,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 .buffers_accesses()
                 .then(|| ReadBuffer::new(READ_STRIPES, READ_SLOTS)),
             events: None,
+            spill: None,
             policy,
             id: NEXT_STORE.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
             next_request: AtomicU64::new(1),
@@ -424,17 +429,24 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         // Evicting may have replaced the entry already, and that is fine.
         // Whoever removes the entry reports it, so a publisher that cleared
         // it reports the removal before its own store of the key.
-        if self.map.remove_if(&key, handle, guard)? {
+        let removed = self.map.remove_if(&key, handle, guard)?;
+        if removed {
             self.emit(|| crate::events::KvEvent::Removed { key });
         }
         if let Some(parent) = meta.parent() {
             self.detach_child(parent, notify_parent);
         }
         let spread = fingerprint(&key);
+        let tokens = meta.valid_tokens();
         self.stats.add(spread, Count::Evictions, 1);
         self.stats
-            .add(spread, Count::EvictedTokens, u64::from(meta.valid_tokens()));
-        Ok(ev.refill())
+            .add(spread, Count::EvictedTokens, u64::from(tokens));
+        let page = ev.refill();
+        // Still the block's bytes: refilling hands the page over as it is.
+        if removed && let Some(sink) = &self.spill {
+            sink.evicted(&key, tokens, page.bytes());
+        }
+        Ok(page)
     }
 
     fn detach_child(&self, parent: PageHandle, notify: bool) {

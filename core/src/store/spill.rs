@@ -1,0 +1,69 @@
+//! Where evicted blocks go: a lower tier the store hands each evicted
+//! block's bytes to, before its page is reused.
+
+use alloc::boxed::Box;
+
+use super::CacheStore;
+use crate::error::{Error, Result};
+use crate::evict::EvictionPolicy;
+use crate::key::SliceKey;
+use crate::pool::PageRef;
+
+/// Receives the bytes of every published block the store evicts, on the
+/// evicting thread, while the page is still the block's and nobody else's.
+/// It must not block: copy what it needs and return (a tier queues the
+/// copy and writes it out on its own thread, dropping it when the queue is
+/// full).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey, SpillSink};
+///
+/// struct Keep(Arc<Mutex<Vec<(SliceKey, u32, Vec<u8>)>>>);
+/// impl SpillSink for Keep {
+///     fn evicted(&self, key: &SliceKey, valid_tokens: u32, page: &[u8]) {
+///         self.0.lock().unwrap().push((*key, valid_tokens, page.to_vec()));
+///     }
+/// }
+///
+/// let kept = Arc::new(Mutex::new(Vec::new()));
+/// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32))?;
+/// let store = CacheStore::new(layout, 1, LruPolicy::new(1))?.with_spill(Box::new(Keep(kept.clone())));
+/// let key = |i| SliceKey { block: BlockHash(i), block_index: 0, layer_group: 0, head_shard: 0 };
+/// let (guard, req) = (store.pin(), store.begin_request());
+/// for i in [7, 8] {
+///     let mut page = store.allocate(1, &guard)?.pop().unwrap();
+///     page.bytes_mut().fill(i as u8);
+///     drop(store.publish(&req, page, key(i), None, 3, &guard)?);
+/// }
+/// // One page: block 7 was evicted for block 8, with its bytes.
+/// let kept = kept.lock().unwrap();
+/// assert_eq!((kept[0].0, kept[0].1), (key(7), 3));
+/// assert!(kept[0].2.iter().all(|&b| b == 7));
+/// # store.end_request(req)?;
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub trait SpillSink: Send + Sync {
+    /// Block `key`, holding `valid_tokens` tokens, is being evicted; `page`
+    /// is its bytes.
+    fn evicted(&self, key: &SliceKey, valid_tokens: u32, page: &[u8]);
+}
+
+impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
+    /// The store, handing every published block it evicts to `sink` first
+    /// (see [`SpillSink`]). Blocks whose entry another publisher replaced
+    /// are not handed over: the key is still cached.
+    pub fn with_spill(mut self, sink: Box<dyn SpillSink>) -> Self {
+        self.spill = Some(sink);
+        self
+    }
+
+    /// How many tokens of its block `page` holds (what it was published
+    /// with).
+    pub fn valid_tokens(&self, page: &PageRef<'_, 'm>) -> Result<u32> {
+        if !core::ptr::eq(page.pool(), &self.pool) {
+            return Err(Error::InvalidValue("page from another store"));
+        }
+        Ok(self.meta(page.handle().id()).valid_tokens())
+    }
+}
