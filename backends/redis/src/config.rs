@@ -1,0 +1,180 @@
+//! How to reach the tier, and what goes wrong when it cannot be reached.
+
+use core::fmt;
+use std::time::Duration;
+
+/// Where the tier is and how it behaves. Every field has a default that
+/// suits a tier on the same network as the replicas.
+///
+/// ```
+/// use std::time::Duration;
+/// use kvslice_redis::TierConfig;
+///
+/// let cfg = TierConfig::new("redis://127.0.0.1:7000,redis://127.0.0.1:7001")
+///     .namespace("prod-a")
+///     .ttl(Some(Duration::from_secs(600)));
+/// assert_eq!(cfg.urls.len(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    /// `redis://` URLs: one server, or seed nodes of a cluster (the tier
+    /// asks the first node it reaches which one it is). User and password
+    /// go in the URL (`redis://user:pass@host:port`).
+    pub urls: Vec<String>,
+    /// Prefix of every key the tier writes, so that tiers of different
+    /// deployments can share a cluster.
+    pub namespace: String,
+    /// How long a spilled block lives in Redis; `None`: until Redis evicts
+    /// it under its own `maxmemory` policy.
+    pub ttl: Option<Duration>,
+    /// How long to wait for a TCP connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for a reply, or for a write to go out.
+    pub io_timeout: Duration,
+    /// Blocks waiting to be spilled; past this, spills are dropped and
+    /// counted, never waited for.
+    pub spill_queue: usize,
+    /// Threads writing spilled blocks out, each with its own connection.
+    pub spill_threads: usize,
+    /// Keys asked per round trip when fetching a prefix's continuation.
+    pub fetch_batch: usize,
+    /// Spill each block when it is published, too, not only when evicted.
+    pub write_through: bool,
+    /// After a failure the tier is left alone for this long, doubling on
+    /// each failure in a row up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// The longest the tier is left alone after failures.
+    pub max_backoff: Duration,
+}
+
+impl TierConfig {
+    /// Defaults for `urls` (comma-separated): namespace `kvslice`, TTL one
+    /// hour, connect timeout 250 ms, reply timeout 500 ms, 4096 queued
+    /// spills written by 1 thread, fetches of 16 keys, spill on evict
+    /// only, backoff 50 ms to 2 s.
+    pub fn new(urls: &str) -> Self {
+        Self {
+            urls: urls
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect(),
+            namespace: "kvslice".into(),
+            ttl: Some(Duration::from_secs(3600)),
+            connect_timeout: Duration::from_millis(250),
+            io_timeout: Duration::from_millis(500),
+            spill_queue: 4096,
+            spill_threads: 1,
+            fetch_batch: 16,
+            write_through: false,
+            min_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+
+    /// This config with keys under `namespace`.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// This config with spilled blocks living `ttl`.
+    pub fn ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// This config with blocks spilled on publish as well as on evict.
+    pub fn write_through(mut self, on: bool) -> Self {
+        self.write_through = on;
+        self
+    }
+
+    /// This config with `n` queued spills at most.
+    pub fn spill_queue(mut self, n: usize) -> Self {
+        self.spill_queue = n;
+        self
+    }
+
+    /// This config with `n` spill writer threads.
+    pub fn spill_threads(mut self, n: usize) -> Self {
+        self.spill_threads = n;
+        self
+    }
+
+    /// This config with both timeouts set.
+    pub fn timeouts(mut self, connect: Duration, io: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.io_timeout = io;
+        self
+    }
+
+    /// The first problem with this config that no connection could fix.
+    pub(crate) fn check(&self) -> Result<(), TierError> {
+        if self.urls.is_empty() {
+            return Err(TierError::Url("no URL given".into()));
+        }
+        for url in &self.urls {
+            if url.starts_with("rediss://") {
+                return Err(TierError::Url(format!(
+                    "{url}: TLS (rediss://) is not built into this tier; use redis:// on a trusted network"
+                )));
+            }
+            if !url.starts_with("redis://") {
+                return Err(TierError::Url(format!(
+                    "{url}: the scheme must be redis://"
+                )));
+            }
+        }
+        let bad = |what: &str| Err(TierError::Url(format!("{what} must be at least 1")));
+        if self.spill_queue == 0 {
+            return bad("spill_queue");
+        }
+        if self.spill_threads == 0 {
+            return bad("spill_threads");
+        }
+        if self.fetch_batch == 0 {
+            return bad("fetch_batch");
+        }
+        if self.connect_timeout.is_zero() || self.io_timeout.is_zero() {
+            return Err(TierError::Url("timeouts must be above zero".into()));
+        }
+        if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {
+            return Err(TierError::Url(
+                "the namespace must be non-empty, without spaces".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why the tier could not be set up. At run time nothing is an error:
+/// failures are counted and the local cache carries on.
+#[derive(Debug)]
+pub enum TierError {
+    /// A URL or setting that cannot work.
+    Url(String),
+    /// No server answered at any URL (or the answer was not Redis).
+    Connect(String),
+    /// The server refused the credentials.
+    Auth(String),
+    /// A cluster whose `cluster_state` is not `ok`.
+    ClusterNotOk(String),
+    /// Several URLs, but the server is not in cluster mode.
+    NotACluster(String),
+}
+
+impl fmt::Display for TierError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(m) => write!(f, "tier configuration: {m}"),
+            Self::Connect(m) => write!(f, "cannot reach the tier: {m}"),
+            Self::Auth(m) => write!(f, "the tier refused the credentials: {m}"),
+            Self::ClusterNotOk(m) => write!(f, "the Redis cluster is not ok: {m}"),
+            Self::NotACluster(m) => write!(f, "several URLs, but {m} is not in cluster mode"),
+        }
+    }
+}
+
+impl std::error::Error for TierError {}

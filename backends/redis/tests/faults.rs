@@ -1,0 +1,189 @@
+//! Faults on servers this test starts for itself: a cluster node killed by
+//! its pid in the middle of a replay and started again, and a full Redis
+//! (`maxmemory` with `noeviction`). No panic, no wrong data, no stuck
+//! thread: lookups fall back to the local cache, spills are dropped and
+//! counted, and the tier is used again once the node is back. Prints
+//! `SKIPPED` without redis-server, unless `KVSLICE_REQUIRE_REDIS=1`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey};
+use kvslice_redis::{RedisTier, TierConfig, TieredStore};
+
+fn layout() -> KvLayout {
+    KvLayout::new(LayoutSpec::new(1, 2, 2, 16, 16, KvDtype::F16)).unwrap()
+}
+
+/// Chain `c`'s block `i`.
+fn key(c: u64, i: u32) -> SliceKey {
+    SliceKey {
+        block: BlockHash(u128::from(c) << 32 | u128::from(i)),
+        block_index: i,
+        layer_group: 0,
+        head_shard: 0,
+    }
+}
+
+/// The bytes block `key` always has: its hash, repeated.
+fn bytes_of(key: &SliceKey, len: usize) -> Vec<u8> {
+    key.block
+        .0
+        .to_le_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect()
+}
+
+/// Spills chain `c` (8 blocks) from a replica that then forgets it.
+fn spill_chain(tier: &RedisTier, c: u64) {
+    for i in 0..8 {
+        let k = key(c, i);
+        tier.spill(&k, 16, &bytes_of(&k, layout().page_bytes()));
+    }
+}
+
+/// Looks chain `c` up on a fresh replica; checks every fetched block's
+/// bytes and returns how many came from the tier, and how long it took.
+fn fetch_chain(tier: &RedisTier, c: u64) -> (usize, Duration) {
+    let store = CacheStore::new(layout(), 16, LruPolicy::new(16)).unwrap();
+    let tiered = TieredStore::new(&store, tier);
+    let keys: Vec<SliceKey> = (0..8).map(|i| key(c, i)).collect();
+    let (guard, req) = (store.pin(), store.begin_request());
+    let mut held = Vec::new();
+    let started = Instant::now();
+    let hit = tiered.lookup(&req, &keys, 128, &guard, &mut held).unwrap();
+    let took = started.elapsed();
+    assert_eq!(hit.local, 0);
+    for (r, k) in held.iter().zip(&keys) {
+        assert_eq!(
+            r.bytes(),
+            &bytes_of(k, layout().page_bytes())[..],
+            "wrong data for {k:?}"
+        );
+    }
+    drop(held);
+    store.end_request(req).unwrap();
+    (hit.remote, took)
+}
+
+#[test]
+fn a_node_killed_mid_replay_degrades_to_local_and_comes_back() {
+    let Some(cluster) = common::OwnServers::start("faults", &["--port", "7200"]) else {
+        return;
+    };
+    let cfg = TierConfig::new(&cluster.urls)
+        .namespace("faults")
+        .timeouts(Duration::from_millis(200), Duration::from_millis(300));
+    let tier = RedisTier::open(layout(), cfg).unwrap();
+    for c in 0..40 {
+        spill_chain(&tier, c);
+    }
+    assert!(tier.flush(Duration::from_secs(10)));
+    let before = tier.stats();
+    assert_eq!(before.spilled_blocks, 320, "{before:?}");
+    // Every chain whole while all nodes are up.
+    for c in 0..20 {
+        assert_eq!(fetch_chain(&tier, c).0, 8, "chain {c}");
+    }
+
+    cluster.run(&["kill", "1"]);
+    // Chains keep being served: at most up to the first block on the
+    // dead node, never wrong, never stuck.
+    let (mut short, mut slowest) = (0, Duration::ZERO);
+    for c in 20..40 {
+        let (n, took) = fetch_chain(&tier, c);
+        short += usize::from(n < 8);
+        slowest = slowest.max(took);
+    }
+    println!("node 1 down: {short} of 20 chains cut short, slowest lookup {slowest:?}");
+    assert!(
+        short > 0,
+        "a chain of 8 keys should touch the dead node's slots"
+    );
+    assert!(
+        slowest < Duration::from_secs(3),
+        "a lookup waited {slowest:?}"
+    );
+    // Spills meanwhile are dropped and counted, not waited for.
+    for c in 100..110 {
+        spill_chain(&tier, c);
+    }
+    assert!(
+        tier.flush(Duration::from_secs(10)),
+        "the spill thread is stuck"
+    );
+    let down = tier.stats();
+    println!("while down: {down:?}");
+    assert!(down.spill_failed + down.spill_dropped > 0 || down.fetch_errors > 0);
+
+    cluster.run(&["restart", "1"]);
+    // The node is back (empty: no persistence). Within a bounded wait the
+    // tier takes spills and serves whole chains again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut whole = false;
+    let mut c = 200;
+    while Instant::now() < deadline && !whole {
+        spill_chain(&tier, c);
+        assert!(tier.flush(Duration::from_secs(10)));
+        whole = fetch_chain(&tier, c).0 == 8;
+        c += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        whole,
+        "the tier was not used again after the node returned: {:?}",
+        tier.stats()
+    );
+    println!("back after {} tries: {:?}", c - 200, tier.stats());
+}
+
+#[test]
+fn a_full_redis_refuses_spills_and_the_cache_carries_on() {
+    let Some(server) = common::OwnServers::start("full", &["--standalone", "--port", "7210"])
+    else {
+        return;
+    };
+    server.cli(7210, &["config", "set", "maxmemory", "2mb"]);
+    server.cli(7210, &["config", "set", "maxmemory-policy", "noeviction"]);
+    let tier =
+        RedisTier::open(layout(), TierConfig::new(&server.urls).spill_queue(1 << 14)).unwrap();
+    // 1,600 blocks of about 2 KiB: more than 2 MB.
+    for c in 0..200 {
+        spill_chain(&tier, c);
+    }
+    assert!(tier.flush(Duration::from_secs(20)));
+    let s = tier.stats();
+    println!("full: {s:?}");
+    assert!(s.spill_rejected > 0, "{s:?}");
+    assert!(s.spilled_blocks > 0, "{s:?}");
+    // What did fit is served whole and right.
+    assert_eq!(fetch_chain(&tier, 0).0, 8);
+    // A replica's own cache is untouched by the tier's trouble.
+    let store = CacheStore::new(layout(), 8, LruPolicy::new(8))
+        .unwrap()
+        .with_spill(Box::new(tier.sink()));
+    let (guard, req) = (store.pin(), store.begin_request());
+    for i in 0..20 {
+        let mut page = store.allocate(1, &guard).unwrap().pop().unwrap();
+        page.bytes_mut().fill(i as u8);
+        drop(
+            store
+                .publish(&req, page, key(999, i), None, 16, &guard)
+                .unwrap(),
+        );
+    }
+    let mut held = Vec::new();
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &[key(999, 19)], 16, &guard, &mut held)
+            .unwrap(),
+        1
+    );
+    assert!(held[0].bytes().iter().all(|&b| b == 19));
+    drop(held);
+    store.end_request(req).unwrap();
+}
