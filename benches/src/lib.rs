@@ -1,6 +1,7 @@
 //! The `kvslice` tool's library: trace parsing, replay through the real
 //! store, eviction policies by name, sweeps with plots, routing across
-//! workers by their KV events, the demo, and the real-model runner
+//! workers by their KV events, replicas sharing a Redis tier, the demo,
+//! and the real-model runner
 //! ([`llm`]). New to kvslice? Start with the [`guide`].
 
 pub mod decode_workload;
@@ -14,6 +15,8 @@ pub mod replay;
 pub mod route;
 pub mod serve;
 pub mod sweep;
+#[cfg(feature = "tier")]
+pub mod tier;
 pub mod trace;
 
 /// Embedding kvslice in a runtime, step by step (`docs/GUIDE.md`; its code

@@ -39,6 +39,9 @@ enum Command {
     /// Route a trace across workers that publish KV events: prefix-aware vs round-robin vs least-loaded.
     #[cfg(feature = "events")]
     Route(RouteArgs),
+    /// Replicas sharing a Redis tier: each alone, with the tier, and one pooled store.
+    #[cfg(feature = "tier")]
+    Tier(TierArgs),
     /// Walk a few requests through the coordinator and the reference engine.
     Demo,
     /// Chat with a real model (SmolLM2 GGUF) whose K/V lives in kvslice.
@@ -128,6 +131,42 @@ struct RouteArgs {
     json: bool,
 }
 
+#[cfg(feature = "tier")]
+#[derive(Args, Clone)]
+struct TierArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Replicas, each with its own cache (threads).
+    #[arg(long, default_value_t = 4)]
+    replicas: usize,
+    /// Each replica's cache capacity in 512-token blocks.
+    #[arg(long, default_value_t = 1000)]
+    capacity_blocks: u32,
+    /// Each cache's eviction policy.
+    #[arg(long, default_value = "default")]
+    policy: String,
+    /// The tier: redis:// URLs, comma-separated (a cluster's seed nodes or
+    /// one server). Default: $KVSLICE_REDIS_URLS, else the loopback
+    /// cluster `.ci/redis-cluster.sh start` runs.
+    #[arg(long)]
+    tier: Option<String>,
+    /// Key namespace in Redis (default: a fresh one per run).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Spill blocks when published (write-through), not when evicted.
+    #[arg(long)]
+    write_through: bool,
+    /// How long spilled blocks live in Redis, in seconds.
+    #[arg(long, default_value_t = 600)]
+    ttl_secs: u64,
+    /// Setups to run (comma-separated): alone, tier, pooled.
+    #[arg(long, value_delimiter = ',', default_value = "alone,tier,pooled")]
+    setups: Vec<String>,
+    /// One JSON object per setup on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Args, Clone)]
 struct SweepArgs {
     #[command(flatten)]
@@ -158,6 +197,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => run_serve(&args),
         #[cfg(feature = "events")]
         Command::Route(args) => run_route(&args),
+        #[cfg(feature = "tier")]
+        Command::Tier(args) => run_tier(&args),
         Command::Demo => kvslice_benches::demo::demo().map_err(|e| e.to_string()),
         #[cfg(feature = "llm")]
         Command::Generate(args) => kvslice_benches::llm::cli::run_generate(&args),
@@ -368,6 +409,80 @@ fn run_route(args: &RouteArgs) -> Result<(), String> {
     }
     plot(&reports, &args.out).map_err(|e| format!("plotting: {e}"))?;
     println!("\nplot written to {}", args.out.display());
+    Ok(())
+}
+
+#[cfg(feature = "tier")]
+fn run_tier(args: &TierArgs) -> Result<(), String> {
+    use kvslice_benches::tier::{Setup, TierReplayConfig, table, tier_replay};
+    use kvslice_redis::TierConfig;
+    policies(std::slice::from_ref(&args.policy))?;
+    let setups = args
+        .setups
+        .iter()
+        .map(|s| match s.as_str() {
+            "alone" => Ok(Setup::Alone),
+            "tier" => Ok(Setup::Tier),
+            "pooled" => Ok(Setup::Pooled),
+            other => Err(format!(
+                "unknown setup {other:?}; known: alone, tier, pooled"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let urls = args.tier.clone().unwrap_or_else(|| {
+        std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| {
+            "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102".into()
+        })
+    });
+    let namespace = args.namespace.clone().unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("kvslice-tier-{}-{nanos}", std::process::id())
+    });
+    let trace = load(&args.trace)?;
+    let cfg = TierReplayConfig {
+        replicas: args.replicas,
+        capacity_blocks: args.capacity_blocks,
+        policy: args.policy.clone(),
+        tier: TierConfig::new(&urls)
+            .namespace(&namespace)
+            .write_through(args.write_through)
+            .ttl(Some(std::time::Duration::from_secs(args.ttl_secs.max(1)))),
+        lead: 2 * args.replicas,
+        progress: !args.json,
+    };
+    let mut reports = Vec::new();
+    for setup in setups {
+        let r = tier_replay(&trace, &cfg, setup).map_err(|e| format!("{}: {e}", setup.name()))?;
+        if args.json {
+            println!("{}", r.to_json());
+        }
+        if r.wrong_blocks > 0 {
+            return Err(format!(
+                "{} blocks fetched from the tier were not the block asked for",
+                r.wrong_blocks
+            ));
+        }
+        reports.push(r);
+    }
+    if !args.json {
+        println!(
+            "trace {}: {} requests, {} block lookups; {} replicas of {} blocks, policy {}, tier {urls} ({})\n",
+            args.trace.trace.display(),
+            trace.requests.len(),
+            trace.blocks(),
+            args.replicas,
+            args.capacity_blocks,
+            args.policy,
+            if args.write_through {
+                "write-through"
+            } else {
+                "spill on evict"
+            }
+        );
+        print!("{}", table(&reports));
+    }
     Ok(())
 }
 
