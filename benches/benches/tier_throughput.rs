@@ -14,6 +14,7 @@
 //!
 //! ```sh
 //! cargo bench -p kvslice-benches --bench tier_throughput
+//! KVSLICE_SPILL_THREADS=2 cargo bench -p kvslice-benches --bench tier_throughput  # more writers
 //! ```
 
 use std::process::Command;
@@ -41,9 +42,7 @@ const CHAINS_PER_THREAD: u64 = 150;
 const CHAIN: u32 = 16;
 
 fn main() {
-    let urls = std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| {
-        "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102".into()
-    });
+    let urls = kvslice_redis::default_urls();
     let namespace = format!("bench-{}", std::process::id());
     let cfg = TierConfig::new(&urls)
         .namespace(&namespace)

@@ -429,11 +429,10 @@ fn run_tier(args: &TierArgs) -> Result<(), String> {
             )),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let urls = args.tier.clone().unwrap_or_else(|| {
-        std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| {
-            "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102".into()
-        })
-    });
+    let urls = args
+        .tier
+        .clone()
+        .unwrap_or_else(kvslice_redis::default_urls);
     let namespace = args.namespace.clone().unwrap_or_else(|| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

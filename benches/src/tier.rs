@@ -15,7 +15,7 @@
 //! Pages carry their block's hash in their first bytes, so every block
 //! fetched from the tier is checked to be the one asked for.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -219,8 +219,8 @@ pub fn tier_replay(
     };
     let bar = progress_bar(cfg, setup, trace.requests.len());
     let done = AtomicUsize::new(0);
-    let finished: Vec<AtomicU64> = (0..trace.requests.len())
-        .map(|_| AtomicU64::new(0))
+    let finished: Vec<AtomicBool> = (0..trace.requests.len())
+        .map(|_| AtomicBool::new(false))
         .collect();
     let wrong = AtomicU64::new(0);
     let started = Instant::now();
@@ -237,7 +237,7 @@ pub fn tier_replay(
                         // ahead of the oldest unfinished one.
                         wait_for(done, finished, i.saturating_sub(cfg.lead));
                         serve(store, tier, trace, keys, i, &mut report, wrong)?;
-                        finished[i].store(1, Relaxed);
+                        finished[i].store(true, Relaxed);
                         advance(done, finished);
                         if i % 256 == 0 {
                             bar.set_position(done.load(Relaxed) as u64);
@@ -279,7 +279,7 @@ pub fn tier_replay(
 
 /// Waits (bounded: 60 s, then proceeds) until every request before `upto`
 /// has finished.
-fn wait_for(done: &AtomicUsize, finished: &[AtomicU64], upto: usize) {
+fn wait_for(done: &AtomicUsize, finished: &[AtomicBool], upto: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while done.load(Relaxed) < upto && Instant::now() < deadline {
         advance(done, finished);
@@ -288,10 +288,10 @@ fn wait_for(done: &AtomicUsize, finished: &[AtomicU64], upto: usize) {
 }
 
 /// Moves `done` past every finished request at its front.
-fn advance(done: &AtomicUsize, finished: &[AtomicU64]) {
+fn advance(done: &AtomicUsize, finished: &[AtomicBool]) {
     loop {
         let d = done.load(Relaxed);
-        if d >= finished.len() || finished[d].load(Relaxed) == 0 {
+        if d >= finished.len() || !finished[d].load(Relaxed) {
             return;
         }
         let _ = done.compare_exchange(d, d + 1, Relaxed, Relaxed);

@@ -15,9 +15,7 @@ use kvslice_redis::{RedisTier, TierConfig};
 
 #[test]
 fn the_tier_recovers_most_of_the_gap_to_a_pooled_store() {
-    let urls = std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| {
-        "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102".into()
-    });
+    let urls = kvslice_redis::default_urls();
     let layout = kvslice_core::KvLayout::new(kvslice_core::LayoutSpec::new(
         1,
         1,

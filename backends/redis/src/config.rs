@@ -47,6 +47,20 @@ pub struct TierConfig {
     pub max_backoff: Duration,
 }
 
+/// The URLs of the cluster `.ci/redis-cluster.sh start` runs on loopback.
+pub const LOOPBACK_CLUSTER: &str =
+    "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102";
+
+/// The tier's URLs from `KVSLICE_REDIS_URLS`, else [`LOOPBACK_CLUSTER`]:
+/// what the tests, benches and `kvslice tier` use unless told otherwise.
+///
+/// ```
+/// assert!(kvslice_redis::default_urls().starts_with("redis://"));
+/// ```
+pub fn default_urls() -> String {
+    std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| LOOPBACK_CLUSTER.into())
+}
+
 impl TierConfig {
     /// Defaults for `urls` (comma-separated): namespace `kvslice`, TTL one
     /// hour, connect timeout 250 ms, reply timeout 500 ms, 4096 queued

@@ -43,7 +43,7 @@ pub mod value;
 pub mod fuzzing;
 
 #[cfg(feature = "client")]
-pub use config::{TierConfig, TierError};
+pub use config::{LOOPBACK_CLUSTER, TierConfig, TierError, default_urls};
 #[cfg(feature = "client")]
 pub use stats::TierStats;
 #[cfg(feature = "client")]

@@ -14,9 +14,7 @@ use kvslice_redis::{RedisTier, TierConfig};
 /// The cluster `.ci/redis-cluster.sh start` runs, unless
 /// `KVSLICE_REDIS_URLS` names another.
 pub fn urls() -> String {
-    std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| {
-        "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102".into()
-    })
+    kvslice_redis::default_urls()
 }
 
 /// `None` (after printing `SKIPPED` and why) when there is no tier to
