@@ -34,7 +34,9 @@ pub struct TierConfig {
     /// Blocks waiting to be spilled; past this, spills are dropped and
     /// counted, never waited for.
     pub spill_queue: usize,
-    /// Threads writing spilled blocks out, each with its own connection.
+    /// Threads writing spilled blocks out, each with its own connection to
+    /// every node (2 by default: while one waits for replies, the other
+    /// sends).
     pub spill_threads: usize,
     /// Keys asked per round trip when fetching a prefix's continuation.
     pub fetch_batch: usize,
@@ -79,7 +81,7 @@ impl TierConfig {
             connect_timeout: Duration::from_millis(250),
             io_timeout: Duration::from_millis(500),
             spill_queue: 4096,
-            spill_threads: 1,
+            spill_threads: 2,
             fetch_batch: 16,
             write_through: false,
             min_backoff: Duration::from_millis(50),

@@ -38,6 +38,8 @@ mod tier;
 #[cfg(feature = "client")]
 mod tiered;
 pub mod value;
+#[cfg(feature = "client")]
+mod writer;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

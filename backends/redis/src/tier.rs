@@ -2,6 +2,7 @@
 //! caller's thread, a small pool of connections, and backoff after
 //! failures.
 
+use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,7 @@ use crate::config::{TierConfig, TierError};
 use crate::conn::{Conn, Connector, Reply};
 use crate::stats::{Counters, TierStats};
 use crate::value;
+use crate::writer::{Item, Outcome, Writer};
 
 /// One block on its way to Redis.
 struct Spill {
@@ -40,6 +42,9 @@ struct Shared {
     down_until: Mutex<Option<Instant>>,
     /// Failures in a row, for the backoff's doubling.
     failures: AtomicU64,
+    /// Page copies the writers are done with, for the next spills: a
+    /// fresh 64 KiB allocation per spill costs page faults on both sides.
+    free: ArrayQueue<Vec<u8>>,
 }
 
 /// A shared tier on Redis Cluster (or one Redis server) for blocks of one
@@ -88,6 +93,7 @@ impl RedisTier {
     pub fn open(layout: KvLayout, cfg: TierConfig) -> Result<Self, TierError> {
         let (connector, first) = Connector::open(&cfg)?;
         let (tx, rx) = std::sync::mpsc::sync_channel(cfg.spill_queue);
+        let spill_threads = cfg.spill_threads;
         let shared = Arc::new(Shared {
             cfg,
             layout,
@@ -97,6 +103,7 @@ impl RedisTier {
             pending: AtomicU64::new(0),
             down_until: Mutex::new(None),
             failures: AtomicU64::new(0),
+            free: ArrayQueue::new(2 * SPILL_BATCH * spill_threads),
         });
         let rx = Arc::new(Mutex::new(rx));
         let threads = (0..shared.cfg.spill_threads)
@@ -288,10 +295,13 @@ fn enqueue(
     page: &[u8],
 ) -> bool {
     s.pending.fetch_add(1, Relaxed);
+    let mut bytes = s.free.pop().unwrap_or_default();
+    bytes.clear();
+    bytes.extend_from_slice(page);
     let item = Spill {
         key: *key,
         valid_tokens,
-        bytes: page.to_vec(),
+        bytes,
     };
     match queue.try_send(item) {
         Ok(()) => true,
@@ -303,27 +313,13 @@ fn enqueue(
     }
 }
 
-/// A value as one Redis argument, written straight into the command:
-/// header, then page, without joining them first.
-struct Encoded<'a> {
-    header: [u8; value::HEADER_BYTES],
-    page: &'a [u8],
-}
-
-impl redis::ToRedisArgs for Encoded<'_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write;
-        let mut w = out.writer_for_next_arg();
-        // Writes into the command's own buffer: they cannot fail.
-        let _ = w.write_all(&self.header);
-        let _ = w.write_all(self.page);
-    }
-}
-
 /// One of the spill writers: takes up to [`SPILL_BATCH`] queued blocks at a
-/// time and writes them in one pipeline.
+/// time and writes them, one packed pipeline per node, on its own
+/// connections ([`Writer`]).
 fn spill_loop(s: &Shared, rx: &Mutex<Receiver<Spill>>) {
     let mut batch: Vec<Spill> = Vec::with_capacity(SPILL_BATCH);
+    let mut writer = Writer::new(s.connector.is_cluster());
+    let ttl_ms = s.cfg.ttl.map(|t| t.as_millis().max(1) as u64);
     loop {
         {
             let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
@@ -340,52 +336,46 @@ fn spill_loop(s: &Shared, rx: &Mutex<Receiver<Spill>>) {
             }
         }
         let n = batch.len() as u64;
-        let con = if s.is_down() { None } else { s.take_conn() };
-        match con {
-            None => Counters::add(&s.counters.spill_failed, n),
-            Some(mut con) => {
-                let cmds: Vec<Cmd> = batch
-                    .iter()
-                    .map(|b| {
-                        // Sized up front: a 64 KiB page grown by doubling
-                        // would be reallocated (and, past malloc's mmap
-                        // threshold, mapped and unmapped) several times.
-                        let mut c =
-                            Cmd::with_capacity(5, value::HEADER_BYTES + b.bytes.len() + 128);
-                        c.arg("SET").arg(s.redis_key(&b.key)).arg(Encoded {
-                            header: value::header(&s.layout, &b.key, b.valid_tokens, &b.bytes),
-                            page: &b.bytes,
-                        });
-                        if let Some(ttl) = s.cfg.ttl {
-                            c.arg("PX").arg(ttl.as_millis().max(1) as u64);
-                        }
-                        c
-                    })
-                    .collect();
-                match con.run(cmds) {
-                    Ok(replies) => {
-                        for (reply, b) in replies.iter().zip(&batch) {
-                            if *reply == Reply::Refused {
-                                Counters::add(&s.counters.spill_rejected, 1);
-                            } else {
-                                Counters::add(&s.counters.spilled_blocks, 1);
-                                Counters::add(
-                                    &s.counters.spilled_bytes,
-                                    (value::HEADER_BYTES + b.bytes.len()) as u64,
-                                );
-                            }
-                        }
-                        s.give_back(con, true);
-                    }
-                    Err(_) => {
-                        Counters::add(&s.counters.spill_failed, n);
-                        s.give_back(con, false);
-                    }
+        if s.is_down() {
+            Counters::add(&s.counters.spill_failed, n);
+        } else {
+            let keys: Vec<String> = batch.iter().map(|b| s.redis_key(&b.key)).collect();
+            let headers: Vec<[u8; value::HEADER_BYTES]> = batch
+                .iter()
+                .map(|b| value::header(&s.layout, &b.key, b.valid_tokens, &b.bytes))
+                .collect();
+            let items: Vec<Item<'_>> = batch
+                .iter()
+                .zip(&keys)
+                .zip(&headers)
+                .map(|((b, key), header)| Item {
+                    key,
+                    header,
+                    page: &b.bytes,
+                })
+                .collect();
+            let healthy = writer.write(&s.cfg, &items, ttl_ms, &mut |i, outcome| match outcome {
+                Outcome::Stored => {
+                    Counters::add(&s.counters.spilled_blocks, 1);
+                    Counters::add(
+                        &s.counters.spilled_bytes,
+                        (value::HEADER_BYTES + batch[i].bytes.len()) as u64,
+                    );
                 }
+                Outcome::Refused => Counters::add(&s.counters.spill_rejected, 1),
+                Outcome::Failed => Counters::add(&s.counters.spill_failed, 1),
+            });
+            if healthy {
+                s.failures.store(0, Relaxed);
+            } else {
+                s.failed();
             }
         }
         s.pending.fetch_sub(n, Relaxed);
-        batch.clear();
+        for b in batch.drain(..) {
+            // A full free list drops the copy instead.
+            let _ = s.free.push(b.bytes);
+        }
     }
 }
 

@@ -1,0 +1,339 @@
+//! The spill writer's own path to Redis: one plain connection per node,
+//! each batch packed as RESP `SET`s straight into a reused buffer per node.
+//!
+//! Spills are the tier's bulk traffic. Through redis-rs's cluster pipeline
+//! each 64 KiB value was copied into a command, again into a per-node
+//! pipeline and again into its packed bytes, each copy a fresh allocation
+//! (and page faults). Here a value is copied once, into a buffer that
+//! lives as long as the writer, and redis-rs's connection sends it and
+//! reads the replies. The writer routes by hash slot itself, from the
+//! cluster's `CLUSTER SLOTS` map; an error reply that says the map moved
+//! (`MOVED`, `ASK`, `CLUSTERDOWN`) or a failed node refreshes it before
+//! the next batch.
+
+use std::fmt::Write as _;
+
+use redis::{ConnectionAddr, Value};
+
+use crate::config::TierConfig;
+
+/// Hash slots in a Redis Cluster.
+pub(crate) const SLOTS: usize = 16384;
+
+/// The hash slot of `key`: CRC-16 (XMODEM) of the key, or of its hash tag
+/// (the text between the first `{` and the next `}`, when not empty),
+/// modulo 16,384, as Redis Cluster computes it.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    (crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) as usize % SLOTS) as u16
+}
+
+/// One node the writer sends to.
+struct Node {
+    info: redis::ConnectionInfo,
+    con: Option<redis::Connection>,
+    /// This batch's commands for the node, packed.
+    buf: Vec<u8>,
+    /// Which of the batch's items they are, in order.
+    items: Vec<usize>,
+}
+
+/// What became of one item of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Redis stored it.
+    Stored,
+    /// Redis answered with an error (`OOM` under `maxmemory`, a moved slot).
+    Refused,
+    /// The connection failed (or none could be made): unknown, counted lost.
+    Failed,
+}
+
+/// A spill writer's connections and slot map; owned by one spill thread.
+pub(crate) struct Writer {
+    cluster: bool,
+    nodes: Vec<Node>,
+    /// Node index per slot (cluster only); `u16::MAX` where no node serves it.
+    owner: Vec<u16>,
+    /// The slot map needs reading again before the next batch.
+    stale: bool,
+    key: String,
+}
+
+/// One value to write: its Redis key, header and page.
+pub(crate) struct Item<'a> {
+    pub key: &'a str,
+    pub header: &'a [u8],
+    pub page: &'a [u8],
+}
+
+impl Writer {
+    pub(crate) fn new(cluster: bool) -> Self {
+        Self {
+            cluster,
+            nodes: Vec::new(),
+            owner: Vec::new(),
+            stale: true,
+            key: String::new(),
+        }
+    }
+
+    /// Writes `items` with `SET` (and `PX ttl_ms` when given), one packed
+    /// pipeline per node, and reports each item's outcome through `done`
+    /// (in no particular order). Returns `false` when a connection failed,
+    /// so that the tier backs off.
+    pub(crate) fn write(
+        &mut self,
+        cfg: &TierConfig,
+        items: &[Item<'_>],
+        ttl_ms: Option<u64>,
+        done: &mut dyn FnMut(usize, Outcome),
+    ) -> bool {
+        if self.stale && self.refresh(cfg).is_err() {
+            (0..items.len()).for_each(|i| done(i, Outcome::Failed));
+            return false;
+        }
+        for (i, item) in items.iter().enumerate() {
+            let node = if self.cluster {
+                self.owner[slot(item.key.as_bytes()) as usize]
+            } else {
+                0
+            };
+            let Some(node) = self.nodes.get_mut(node as usize) else {
+                // A slot no node serves: Redis would answer CLUSTERDOWN.
+                self.stale = true;
+                done(i, Outcome::Refused);
+                continue;
+            };
+            pack_set(&mut node.buf, &mut self.key, item, ttl_ms);
+            node.items.push(i);
+        }
+        // Send every node its pipeline before reading any answer, so that
+        // the nodes work on theirs at the same time.
+        let mut healthy = true;
+        for node in &mut self.nodes {
+            if !node.items.is_empty() && node.send(cfg).is_err() {
+                node.fail(done);
+                healthy = false;
+            }
+        }
+        for node in &mut self.nodes {
+            for n in 0..node.items.len() {
+                match node.con.as_mut().map(|c| c.recv_response()) {
+                    Some(Ok(Value::ServerError(e))) => {
+                        if matches!(e.code(), "MOVED" | "ASK" | "CLUSTERDOWN" | "TRYAGAIN") {
+                            self.stale = true;
+                        }
+                        done(node.items[n], Outcome::Refused);
+                    }
+                    Some(Ok(_)) => done(node.items[n], Outcome::Stored),
+                    // Failed while reading: what is left is unknown.
+                    Some(Err(_)) => {
+                        node.items.drain(..n);
+                        node.fail(done);
+                        healthy = false;
+                        break;
+                    }
+                    // Failed while sending, and already counted.
+                    None => break,
+                }
+            }
+            node.buf.clear();
+            node.items.clear();
+        }
+        if !healthy {
+            // The node may have failed over, or gone for good.
+            self.stale = true;
+        }
+        healthy
+    }
+
+    /// Reads the slot map (`CLUSTER SLOTS`) from the first URL that
+    /// answers, keeping the connections of nodes that stay.
+    fn refresh(&mut self, cfg: &TierConfig) -> redis::RedisResult<()> {
+        let mut last = None;
+        for url in &cfg.urls {
+            let client = redis::Client::open(url.as_str())?;
+            if !self.cluster {
+                self.nodes = vec![Node::new(client.get_connection_info().clone())];
+                self.stale = false;
+                return Ok(());
+            }
+            let answer = client
+                .get_connection_with_timeout(cfg.connect_timeout)
+                .and_then(|mut con| {
+                    con.set_read_timeout(Some(cfg.io_timeout))?;
+                    redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut con)
+                });
+            match answer {
+                Ok(map) => {
+                    self.apply(client.get_connection_info(), &map);
+                    self.stale = false;
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no URL to read the slot map from"))
+        }))
+    }
+
+    /// Takes a `CLUSTER SLOTS` answer: `[start, end, [host, port, ...],
+    /// replicas...]` per range; the first address is the master.
+    fn apply(&mut self, seed: &redis::ConnectionInfo, map: &Value) {
+        let mut owner = vec![u16::MAX; SLOTS];
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut old = std::mem::take(&mut self.nodes);
+        let Value::Array(ranges) = map else {
+            self.owner = owner;
+            return;
+        };
+        for range in ranges {
+            let Value::Array(r) = range else { continue };
+            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                continue;
+            };
+            let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
+                continue;
+            };
+            let host = match host {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => continue,
+            };
+            let (Ok(port), Ok(start), Ok(end)) = (
+                u16::try_from(*port),
+                usize::try_from(*start),
+                usize::try_from(*end),
+            ) else {
+                continue;
+            };
+            let addr = ConnectionAddr::Tcp(host, port);
+            let index = match nodes.iter().position(|n| *n.info.addr() == addr) {
+                Some(i) => i,
+                None => {
+                    // Keep the open connection of a node that stays.
+                    let node = match old.iter().position(|n| *n.info.addr() == addr) {
+                        Some(i) => old.swap_remove(i),
+                        None => Node::new(seed.clone().set_addr(addr)),
+                    };
+                    nodes.push(node);
+                    nodes.len() - 1
+                }
+            };
+            for o in owner.iter_mut().take(end.min(SLOTS - 1) + 1).skip(start) {
+                *o = index as u16;
+            }
+        }
+        self.nodes = nodes;
+        self.owner = owner;
+    }
+}
+
+impl Node {
+    fn new(info: redis::ConnectionInfo) -> Self {
+        Self {
+            info,
+            con: None,
+            buf: Vec::new(),
+            items: Vec::new(),
+        }
+    }
+
+    /// Sends the packed batch, connecting first if need be; the answers
+    /// are read later.
+    fn send(&mut self, cfg: &TierConfig) -> redis::RedisResult<()> {
+        let con = match &mut self.con {
+            Some(con) => con,
+            None => {
+                let client = redis::Client::open(self.info.clone())?;
+                let con = client.get_connection_with_timeout(cfg.connect_timeout)?;
+                con.set_read_timeout(Some(cfg.io_timeout))?;
+                con.set_write_timeout(Some(cfg.io_timeout))?;
+                self.con.insert(con)
+            }
+        };
+        con.send_packed_command(&self.buf)
+    }
+
+    /// Drops the connection, whose state is unknown, and reports the
+    /// node's unanswered items as failed.
+    fn fail(&mut self, done: &mut dyn FnMut(usize, Outcome)) {
+        self.con = None;
+        self.items.drain(..).for_each(|i| done(i, Outcome::Failed));
+    }
+}
+
+/// Appends `SET key value [PX ms]` to `buf` in RESP, the value being the
+/// header followed by the page.
+fn pack_set(buf: &mut Vec<u8>, scratch: &mut String, item: &Item<'_>, ttl_ms: Option<u64>) {
+    scratch.clear();
+    let value_len = item.header.len() + item.page.len();
+    let _ = write!(
+        scratch,
+        "*{}\r\n$3\r\nSET\r\n${}\r\n{}\r\n${}\r\n",
+        if ttl_ms.is_some() { 5 } else { 3 },
+        item.key.len(),
+        item.key,
+        value_len
+    );
+    buf.reserve(scratch.len() + value_len + 64);
+    buf.extend_from_slice(scratch.as_bytes());
+    buf.extend_from_slice(item.header);
+    buf.extend_from_slice(item.page);
+    buf.extend_from_slice(b"\r\n");
+    if let Some(ms) = ttl_ms {
+        scratch.clear();
+        let digits = ms.to_string();
+        let _ = write!(scratch, "$2\r\nPX\r\n${}\r\n{}\r\n", digits.len(), digits);
+        buf.extend_from_slice(scratch.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster_spec() {
+        // The spec's CRC-16 check value, and keys whose slots Redis prints.
+        assert_eq!(
+            crc16::State::<crc16::XMODEM>::calculate(b"123456789"),
+            0x31c3
+        );
+        assert_eq!(slot(b"123456789"), 0x31c3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
+        // Hash tags: the text inside the first non-empty braces.
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+    }
+
+    #[test]
+    fn set_packs_as_resp() {
+        let (mut buf, mut scratch) = (Vec::new(), String::new());
+        let item = Item {
+            key: "ns:k",
+            header: b"HD",
+            page: b"page",
+        };
+        pack_set(&mut buf, &mut scratch, &item, None);
+        assert_eq!(buf, b"*3\r\n$3\r\nSET\r\n$4\r\nns:k\r\n$6\r\nHDpage\r\n");
+        buf.clear();
+        pack_set(&mut buf, &mut scratch, &item, Some(1500));
+        assert_eq!(
+            buf,
+            b"*5\r\n$3\r\nSET\r\n$4\r\nns:k\r\n$6\r\nHDpage\r\n$2\r\nPX\r\n$4\r\n1500\r\n"
+        );
+    }
+}
