@@ -187,3 +187,124 @@ fn a_full_redis_refuses_spills_and_the_cache_carries_on() {
     drop(held);
     store.end_request(req).unwrap();
 }
+
+/// Where the concurrent replay is: the main thread moves it on.
+const UP: u8 = 0;
+const DOWN: u8 = 1;
+const BACK: u8 = 2;
+const DONE: u8 = 3;
+
+#[test]
+fn a_node_killed_under_a_concurrent_replay_costs_no_data_and_no_thread() {
+    use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::SeqCst};
+
+    let Some(cluster) = common::OwnServers::start("faults-replay", &["--port", "7220"]) else {
+        return;
+    };
+    let cfg = TierConfig::new(&cluster.urls)
+        .namespace("replay")
+        .timeouts(Duration::from_millis(200), Duration::from_millis(300));
+    let tier = RedisTier::open(layout(), cfg).unwrap();
+    let phase = AtomicU8::new(UP);
+    // Remote hits per phase, over all replicas; the slowest lookup.
+    let remote = [(); 4].map(|_| AtomicU64::new(0));
+    let slowest_us = AtomicU64::new(0);
+
+    std::thread::scope(|s| {
+        // 4 replicas of 2 chains' room each, taking the 40 chains in turn:
+        // a chain a replica asks for was last served (and spilled) by
+        // another, so most of what they serve comes through the tier.
+        let replicas: Vec<_> = (0..4u64)
+            .map(|r| {
+                let (tier, phase, remote, slowest_us) = (&tier, &phase, &remote, &slowest_us);
+                s.spawn(move || {
+                    let store = CacheStore::new(layout(), 16, LruPolicy::new(16))
+                        .unwrap()
+                        .with_spill(Box::new(tier.sink()));
+                    let tiered = TieredStore::new(&store, tier);
+                    let mut step = 0u64;
+                    loop {
+                        let now = phase.load(SeqCst);
+                        if now == DONE {
+                            return step;
+                        }
+                        let c = (step * 4 + r) % 40;
+                        let keys: Vec<SliceKey> = (0..8).map(|i| key(c, i)).collect();
+                        let (guard, req) = (store.pin(), store.begin_request());
+                        let mut held = Vec::new();
+                        let started = Instant::now();
+                        let hit = tiered.lookup(&req, &keys, 128, &guard, &mut held).unwrap();
+                        let took = started.elapsed().as_micros() as u64;
+                        slowest_us.fetch_max(took, SeqCst);
+                        remote[now as usize].fetch_add(hit.remote as u64, SeqCst);
+                        // Compute the rest, as a runtime would, and publish it.
+                        for k in &keys[held.len()..] {
+                            let mut page = store.allocate(1, &guard).unwrap().pop().unwrap();
+                            page.bytes_mut()
+                                .copy_from_slice(&bytes_of(k, layout().page_bytes()));
+                            held.push(store.publish(&req, page, *k, None, 16, &guard).unwrap());
+                        }
+                        for (p, k) in held.iter().zip(&keys) {
+                            assert_eq!(
+                                p.bytes(),
+                                &bytes_of(k, layout().page_bytes())[..],
+                                "replica {r}: wrong data for {k:?}"
+                            );
+                        }
+                        drop(held);
+                        store.end_request(req).unwrap();
+                        step += 1;
+                    }
+                })
+            })
+            .collect();
+
+        let wait_for_remote = |p: u8, bound: Duration| {
+            let deadline = Instant::now() + bound;
+            while remote[p as usize].load(SeqCst) < 100 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        wait_for_remote(UP, Duration::from_secs(10));
+        let before = tier.stats();
+        cluster.run(&["kill", "1"]);
+        phase.store(DOWN, SeqCst);
+        std::thread::sleep(Duration::from_millis(800));
+        let down = tier.stats();
+        cluster.run(&["restart", "1"]);
+        phase.store(BACK, SeqCst);
+        wait_for_remote(BACK, Duration::from_secs(20));
+        phase.store(DONE, SeqCst);
+        let steps: Vec<u64> = replicas
+            .into_iter()
+            .map(|h| h.join().expect("a replica panicked"))
+            .collect();
+        let after = tier.stats();
+        println!(
+            "replicas' steps {steps:?}; remote hits up/down/back {:?}; slowest lookup {} µs",
+            remote.each_ref().map(|a| a.load(SeqCst)),
+            slowest_us.load(SeqCst)
+        );
+        println!("before kill {before:?}\nwhile down {down:?}\nafter {after:?}");
+        assert!(
+            remote[UP as usize].load(SeqCst) >= 100,
+            "the tier served little while up"
+        );
+        assert!(steps.iter().all(|&n| n > 0));
+        // The dead node cost failed spills or fetches, counted.
+        let lost = |s: &kvslice_redis::TierStats| {
+            s.spill_failed + s.fetch_errors + s.skipped_while_down + s.spill_rejected
+        };
+        assert!(
+            lost(&down) > lost(&before),
+            "the kill went unnoticed: {down:?}"
+        );
+        // Every lookup came back within the timeouts, never hung on the node.
+        assert!(slowest_us.load(SeqCst) < 3_000_000, "a lookup was stuck");
+        // And the tier is used again once the node is back.
+        assert!(
+            remote[BACK as usize].load(SeqCst) >= 100,
+            "the tier was not used again after the node returned: {after:?}"
+        );
+    });
+}
