@@ -103,6 +103,12 @@ struct ReplayArgs {
     /// One JSON object per (policy, capacity) on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// With `--tier`, the cache spills evicted blocks to a Redis tier and
+    /// fetches a prefix's continuation from it; the table then splits hits
+    /// into local and remote (`kvslice tier` runs several replicas).
+    #[cfg(feature = "tier")]
+    #[command(flatten)]
+    tier: TierOpts,
 }
 
 #[cfg(feature = "events")]
@@ -145,9 +151,25 @@ struct TierArgs {
     /// Each cache's eviction policy.
     #[arg(long, default_value = "default")]
     policy: String,
+    #[command(flatten)]
+    tier: TierOpts,
+    /// Setups to run (comma-separated): alone, tier, pooled.
+    #[arg(long, value_delimiter = ',', default_value = "alone,tier,pooled")]
+    setups: Vec<String>,
+    /// One JSON object per setup on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where the shared tier is and how blocks go to it (`kvslice tier`,
+/// `kvslice replay --tier`).
+#[cfg(feature = "tier")]
+#[derive(Args, Clone)]
+struct TierOpts {
     /// The tier: redis:// URLs, comma-separated (a cluster's seed nodes or
-    /// one server). Default: $KVSLICE_REDIS_URLS, else the loopback
-    /// cluster `.ci/redis-cluster.sh start` runs.
+    /// one server). For `tier`, default $KVSLICE_REDIS_URLS, else the
+    /// loopback cluster `.ci/redis-cluster.sh start` runs; `replay` uses a
+    /// tier only when given one.
     #[arg(long)]
     tier: Option<String>,
     /// Key namespace in Redis (default: a fresh one per run).
@@ -159,12 +181,31 @@ struct TierArgs {
     /// How long spilled blocks live in Redis, in seconds.
     #[arg(long, default_value_t = 600)]
     ttl_secs: u64,
-    /// Setups to run (comma-separated): alone, tier, pooled.
-    #[arg(long, value_delimiter = ',', default_value = "alone,tier,pooled")]
-    setups: Vec<String>,
-    /// One JSON object per setup on stdout instead of the table.
-    #[arg(long)]
-    json: bool,
+}
+
+#[cfg(feature = "tier")]
+impl TierOpts {
+    /// The tier's configuration at `urls`, in this run's namespace.
+    fn config(&self, urls: &str) -> kvslice_redis::TierConfig {
+        let namespace = self.namespace.clone().unwrap_or_else(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("kvslice-tier-{}-{nanos}", std::process::id())
+        });
+        kvslice_redis::TierConfig::new(urls)
+            .namespace(&namespace)
+            .write_through(self.write_through)
+            .ttl(Some(std::time::Duration::from_secs(self.ttl_secs.max(1))))
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.write_through {
+            "write-through"
+        } else {
+            "spill on evict"
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -282,6 +323,10 @@ fn run_all(
 fn run_replay(args: &ReplayArgs) -> Result<(), String> {
     let policies = policies(&args.policy)?;
     let trace = load(&args.trace)?;
+    #[cfg(feature = "tier")]
+    if let Some(urls) = &args.tier.tier {
+        return run_replay_tier(args, &policies, &trace, urls);
+    }
     let reports = run_all(
         &trace,
         &args.trace,
@@ -304,6 +349,63 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
     );
     print!("{}", sweep::table(&reports));
     print_ratios(&reports);
+    Ok(())
+}
+
+/// `kvslice replay --tier`: one replica (a store per policy and capacity)
+/// with the tier behind it.
+#[cfg(feature = "tier")]
+fn run_replay_tier(
+    args: &ReplayArgs,
+    policies: &[String],
+    trace: &Trace,
+    urls: &str,
+) -> Result<(), String> {
+    use kvslice_benches::tier::{Setup, TierReplayConfig, table, tier_replay};
+    if args.trace.threads > 1 {
+        return Err(
+            "--tier replays one replica on one thread; `kvslice tier --replicas N` runs several"
+                .into(),
+        );
+    }
+    if !args.json {
+        println!(
+            "trace {}: {} requests, {} block lookups; tier {urls} ({})",
+            args.trace.trace.display(),
+            trace.requests.len(),
+            trace.blocks(),
+            args.tier.mode()
+        );
+    }
+    for p in policies {
+        for &c in &args.capacity_blocks {
+            let cfg = TierReplayConfig {
+                replicas: 1,
+                capacity_blocks: c,
+                policy: p.clone(),
+                // Without --namespace, a fresh one per run: one
+                // capacity's spills must not serve the next.
+                tier: args.tier.config(urls),
+                lead: 2,
+                progress: !args.json,
+            };
+            let r = tier_replay(trace, &cfg, Setup::Tier)
+                .map_err(|e| format!("{p} at {c} blocks: {e}"))?;
+            if r.wrong_blocks > 0 {
+                return Err(format!(
+                    "{p} at {c} blocks: {} blocks fetched from the tier were not the block asked for",
+                    r.wrong_blocks
+                ));
+            }
+            if args.json {
+                let mut j = r.to_json();
+                j["policy"] = p.clone().into();
+                println!("{j}");
+            } else {
+                println!("\npolicy {p}, {c} blocks:\n{}", table(&[r]));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -415,7 +517,6 @@ fn run_route(args: &RouteArgs) -> Result<(), String> {
 #[cfg(feature = "tier")]
 fn run_tier(args: &TierArgs) -> Result<(), String> {
     use kvslice_benches::tier::{Setup, TierReplayConfig, table, tier_replay};
-    use kvslice_redis::TierConfig;
     policies(std::slice::from_ref(&args.policy))?;
     let setups = args
         .setups
@@ -431,23 +532,15 @@ fn run_tier(args: &TierArgs) -> Result<(), String> {
         .collect::<Result<Vec<_>, _>>()?;
     let urls = args
         .tier
+        .tier
         .clone()
         .unwrap_or_else(kvslice_redis::default_urls);
-    let namespace = args.namespace.clone().unwrap_or_else(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        format!("kvslice-tier-{}-{nanos}", std::process::id())
-    });
     let trace = load(&args.trace)?;
     let cfg = TierReplayConfig {
         replicas: args.replicas,
         capacity_blocks: args.capacity_blocks,
         policy: args.policy.clone(),
-        tier: TierConfig::new(&urls)
-            .namespace(&namespace)
-            .write_through(args.write_through)
-            .ttl(Some(std::time::Duration::from_secs(args.ttl_secs.max(1)))),
+        tier: args.tier.config(&urls),
         lead: 2 * args.replicas,
         progress: !args.json,
     };
@@ -474,11 +567,7 @@ fn run_tier(args: &TierArgs) -> Result<(), String> {
             args.replicas,
             args.capacity_blocks,
             args.policy,
-            if args.write_through {
-                "write-through"
-            } else {
-                "spill on evict"
-            }
+            args.tier.mode()
         );
         print!("{}", table(&reports));
     }

@@ -13,8 +13,9 @@ use kvslice_benches::tier::{Setup, TierReplayConfig, tier_replay};
 use kvslice_benches::trace::Trace;
 use kvslice_redis::{RedisTier, TierConfig};
 
-#[test]
-fn the_tier_recovers_most_of_the_gap_to_a_pooled_store() {
+/// The loopback cluster's URLs, or `None` after printing `SKIPPED` (a
+/// panic when `KVSLICE_REQUIRE_REDIS=1`).
+fn cluster() -> Option<String> {
     let urls = kvslice_redis::default_urls();
     let layout = kvslice_core::KvLayout::new(kvslice_core::LayoutSpec::new(
         1,
@@ -25,16 +26,71 @@ fn the_tier_recovers_most_of_the_gap_to_a_pooled_store() {
         kvslice_core::KvDtype::F16,
     ))
     .unwrap();
-    if let Err(e) = RedisTier::open(layout, TierConfig::new(&urls)) {
-        assert!(
-            std::env::var("KVSLICE_REQUIRE_REDIS").as_deref() != Ok("1"),
-            "KVSLICE_REQUIRE_REDIS=1 but no Redis cluster at {urls}: {e}"
-        );
-        println!(
-            "SKIPPED: no Redis cluster at {urls}: {e} (start one with .ci/redis-cluster.sh start)"
-        );
-        return;
+    match RedisTier::open(layout, TierConfig::new(&urls)) {
+        Ok(_) => Some(urls),
+        Err(e) => {
+            assert!(
+                std::env::var("KVSLICE_REQUIRE_REDIS").as_deref() != Ok("1"),
+                "KVSLICE_REQUIRE_REDIS=1 but no Redis cluster at {urls}: {e}"
+            );
+            println!(
+                "SKIPPED: no Redis cluster at {urls}: {e} (start one with .ci/redis-cluster.sh start)"
+            );
+            None
+        }
     }
+}
+
+/// `kvslice replay` with `args`: its stdout's JSON lines, or its stderr
+/// when it fails.
+fn replay(args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvslice"))
+        .arg("replay")
+        .args(["--capacity-blocks", "1000", "--policy", "default", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect())
+}
+
+#[test]
+fn replay_with_a_tier_adds_remote_hits_to_the_local_ones() {
+    let Some(urls) = cluster() else { return };
+    let alone = replay(&[]).unwrap();
+    let tiered = replay(&["--tier", &urls]).unwrap();
+    let (alone, tiered) = (&alone[0], &tiered[0]);
+    println!("alone {alone}\nwith the tier {tiered}");
+    let ratio = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    // The same local cache finds what it found alone (the same policy on
+    // the same trace), and the tier serves what it had evicted.
+    let local = tiered["local_hits"].as_u64().unwrap() as f64 / ratio(tiered, "blocks");
+    assert!(
+        (local - ratio(alone, "block_hit_ratio")).abs() < 0.02,
+        "{local}"
+    );
+    assert!(tiered["remote_hits"].as_u64().unwrap() > 0);
+    assert!(ratio(tiered, "hit_ratio") > 2.0 * ratio(alone, "block_hit_ratio"));
+    assert_eq!(tiered["wrong_blocks"].as_u64(), Some(0));
+    assert!(tiered["tier_bytes_out"].as_u64().unwrap() > 0);
+
+    // Bad tiers fail with their reason, before replaying anything.
+    let e = replay(&["--tier", "http://127.0.0.1:7100"]).unwrap_err();
+    assert!(e.contains("redis://"), "{e}");
+    let e = replay(&["--tier", "redis://127.0.0.1:1"]).unwrap_err();
+    assert!(e.contains("cannot reach"), "{e}");
+    let e = replay(&["--tier", &urls, "--threads", "2"]).unwrap_err();
+    assert!(e.contains("kvslice tier --replicas"), "{e}");
+}
+
+#[test]
+fn the_tier_recovers_most_of_the_gap_to_a_pooled_store() {
+    let Some(urls) = cluster() else { return };
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/conversation_trace.jsonl");
     let trace = Trace::read(BufReader::new(File::open(path).unwrap()), false).unwrap();
     for write_through in [false, true] {
