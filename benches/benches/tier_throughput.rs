@@ -5,10 +5,13 @@
 //!   writers pipeline them out. GB/s of blocks Redis accepted.
 //! - fetch: 2 threads each look up 16-block continuations through
 //!   `TieredStore` (pipelined GETs, checksum, copy into fresh pages, publish).
-//! - `redis-benchmark --cluster -c 2 -P 16` at the same value size: as many
-//!   `SET key value PX 120000` on fresh keys as the tier wrote (the tier's
-//!   own command: each spill is a new key Redis allocates for), then SET and
-//!   GET on its default key (Redis reuses the value's memory: its best case).
+//! - `redis-benchmark --cluster -c 2 -P 16` at the same value size, on as
+//!   many keys as the tier wrote, with the tier's own commands: `SET key
+//!   value PX 120000` on fresh keys (each spill is a new key Redis allocates
+//!   for), then `GET` of keys that exist (each fetch reads a different,
+//!   cold value). Also its default SET and GET of one key per node, whose
+//!   value stays in the CPU's cache and whose memory Redis reuses: its best
+//!   case.
 //! - the local hit path (32-block `lookup_prefix` hits) on a store with the
 //!   tier's sink attached but idle, against one without, interleaved.
 //!
@@ -146,25 +149,40 @@ fn main() {
     );
 
     // The peer, at the same value size (see the top of this file).
-    let spilled = st.spilled_blocks.max(1);
-    match (
-        redis_benchmark(&urls, value_bytes, "set", Some(spilled)),
-        redis_benchmark(&urls, value_bytes, "set", None),
-        redis_benchmark(&urls, value_bytes, "get", None),
-    ) {
-        (Some(fresh), Some(same), Some(get)) => {
+    let n = st.spilled_blocks.max(1);
+    let value = "x".repeat(value_bytes);
+    let (n_s, n5_s, d_s) = (n.to_string(), (5 * n).to_string(), value_bytes.to_string());
+    let set = [
+        "SET",
+        "kvslice-peer:{tag}:__rand_int__",
+        &value,
+        "PX",
+        "120000",
+    ];
+    let get = ["GET", "kvslice-peer:{tag}:__rand_int__"];
+    let peer = |args: &[&[&str]]| redis_benchmark(&urls, &args.concat());
+    let set_fresh = peer(&[&["-n", &n_s, "-r", "1000000000"], &set]);
+    // Fills n keys (unmeasured), so that the GETs after it find them.
+    let _ = peer(&[&["-n", &n5_s, "-r", &n_s], &set]);
+    let get_fresh = peer(&[&["-n", &n_s, "-r", &n_s], &get]);
+    let set_one = peer(&[&["-n", "100000", "-t", "set", "-d", &d_s]]);
+    let get_one = peer(&[&["-n", "100000", "-t", "get", "-d", &d_s]]);
+    match (set_fresh, get_fresh, set_one, get_one) {
+        (Some(set_fresh), Some(get_fresh), Some(set_one), Some(get_one)) => {
             let gbs = |rps: f64| rps * value_bytes as f64 / 1e9;
             println!(
-                "redis-benchmark: SET fresh keys {fresh:.0}/s = {:.2} GB/s, SET one key {same:.0}/s = {:.2} GB/s, GET {get:.0}/s = {:.2} GB/s",
-                gbs(fresh),
-                gbs(same),
-                gbs(get)
+                "redis-benchmark, {n} keys like the tier's: SET {:.2} GB/s, GET {:.2} GB/s; one key: SET {:.2} GB/s, GET {:.2} GB/s",
+                gbs(set_fresh),
+                gbs(get_fresh),
+                gbs(set_one),
+                gbs(get_one)
             );
             println!(
-                "tier / redis-benchmark: spill {:.2}x of SET fresh keys ({:.2}x of SET one key), fetch {:.2}x of GET",
-                spill_gbs / gbs(fresh),
-                spill_gbs / gbs(same),
-                fetch_gbs / gbs(get)
+                "tier / redis-benchmark: spill {:.2}x of SET, fetch {:.2}x of GET ({:.2}x and {:.2}x of one key's)",
+                spill_gbs / gbs(set_fresh),
+                fetch_gbs / gbs(get_fresh),
+                spill_gbs / gbs(set_one),
+                fetch_gbs / gbs(get_one)
             );
         }
         _ => println!("redis-benchmark not found or failed: no peer figure"),
@@ -173,37 +191,30 @@ fn main() {
     hit_path(&tier);
 }
 
-/// `redis-benchmark`'s requests per second for `test` (`set` or `get`) at
-/// `bytes` per value, 2 clients, pipelines of 16, from the first node (in
-/// cluster mode when it is one). With `fresh`, that many `SET key value PX
-/// 120000` on keys drawn from a billion (nearly all new, expiring like the
-/// tier's); without, 100,000 requests on its default key.
-fn redis_benchmark(urls: &str, bytes: usize, test: &str, fresh: Option<u64>) -> Option<f64> {
+/// `redis-benchmark`'s requests per second with 2 clients and pipelines of
+/// 16, from the first node (in cluster mode when it is one), running
+/// `args` (a test or a command; `{tag}` routes each client's keys to the
+/// node it talks to).
+fn redis_benchmark(urls: &str, args: &[&str]) -> Option<f64> {
     let first = urls.split(',').next()?.trim_start_matches("redis://");
     let (host, port) = first.rsplit_once(':')?;
-    let mut cmd = Command::new("redis-benchmark");
-    cmd.args([
-        "-h",
-        host,
-        "-p",
-        port,
-        "--cluster",
-        "-c",
-        "2",
-        "-P",
-        "16",
-        "-q",
-        "--csv",
-    ]);
-    match fresh {
-        Some(n) => cmd
-            .args(["-n", &n.to_string(), "-r", "1000000000"])
-            // `{tag}` routes each client's keys to the node it talks to.
-            .args(["SET", "kvslice-peer:{tag}:__rand_int__", &"x".repeat(bytes)])
-            .args(["PX", "120000"]),
-        None => cmd.args(["-n", "100000", "-t", test, "-d", &bytes.to_string()]),
-    };
-    let out = cmd.output().ok()?;
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-h",
+            host,
+            "-p",
+            port,
+            "--cluster",
+            "-c",
+            "2",
+            "-P",
+            "16",
+            "-q",
+            "--csv",
+        ])
+        .args(args)
+        .output()
+        .ok()?;
     // The last line is the test's: `"name","rps",...`.
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
