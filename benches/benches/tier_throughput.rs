@@ -5,18 +5,19 @@
 //!   writers pipeline them out. GB/s of blocks Redis accepted.
 //! - fetch: 2 threads each look up 16-block continuations through
 //!   `TieredStore` (pipelined GETs, checksum, copy into fresh pages, publish).
-//! - `redis-benchmark --cluster -c 2 -P 16` at the same value size, on as
-//!   many keys as the tier wrote, with the tier's own commands: `SET key
-//!   value PX 120000` on fresh keys (each spill is a new key Redis allocates
-//!   for), then `GET` of keys that exist (each fetch reads a different,
-//!   cold value). Also its default SET and GET of one key per node, whose
-//!   value stays in the CPU's cache and whose memory Redis reuses: its best
-//!   case.
+//! - `redis-benchmark -c 2 -P 16`, one per node, all at once, at the same
+//!   value size, on as many keys as the tier wrote, with the tier's own
+//!   commands: `SET key value PX 120000` on fresh keys (each spill is a new
+//!   key Redis allocates for), then `GET` of keys that exist (each fetch
+//!   reads a different, cold value). Also SET and GET of one key per node,
+//!   whose value stays in the CPU's cache and whose memory Redis reuses:
+//!   its best case.
 //! - the local hit path (32-block `lookup_prefix` hits) on a store with the
 //!   tier's sink attached but idle, against one without, interleaved.
 //!
 //! Needs the loopback cluster (`.ci/redis-cluster.sh start`, or
-//! `KVSLICE_REDIS_URLS`) and `redis-benchmark`; says so and exits without.
+//! `KVSLICE_REDIS_URLS`, every master's URL) and `redis-benchmark` and
+//! `redis-cli`; says so and exits without.
 //!
 //! ```sh
 //! cargo bench -p kvslice-benches --bench tier_throughput
@@ -151,27 +152,31 @@ fn main() {
     // The peer, at the same value size (see the top of this file).
     let n = st.spilled_blocks.max(1);
     let value = "x".repeat(value_bytes);
-    let (n_s, n5_s, d_s) = (n.to_string(), (5 * n).to_string(), value_bytes.to_string());
+    let nodes = peer_nodes(&urls);
     let set = [
         "SET",
-        "kvslice-peer:{tag}:__rand_int__",
+        "kvslice-peer:{T}:__rand_int__",
         &value,
         "PX",
         "120000",
     ];
-    let get = ["GET", "kvslice-peer:{tag}:__rand_int__"];
-    let peer = |args: &[&[&str]]| redis_benchmark(&urls, &args.concat());
-    let set_fresh = peer(&[&["-n", &n_s, "-r", "1000000000"], &set]);
-    // Fills n keys (unmeasured), so that the GETs after it find them.
-    let _ = peer(&[&["-n", &n5_s, "-r", &n_s], &set]);
-    let get_fresh = peer(&[&["-n", &n_s, "-r", &n_s], &get]);
-    let set_one = peer(&[&["-n", "100000", "-t", "set", "-d", &d_s]]);
-    let get_one = peer(&[&["-n", "100000", "-t", "get", "-d", &d_s]]);
+    let get = ["GET", "kvslice-peer:{T}:__rand_int__"];
+    let (set_one, get_one) = (
+        ["SET", "kvslice-peer:{T}", &value],
+        ["GET", "kvslice-peer:{T}"],
+    );
+    let spread = u64::try_from(nodes.len()).unwrap_or(1).max(1);
+    let set_fresh = redis_benchmark(&nodes, n, Some(1_000_000_000), &set);
+    // Fills the n keys (unmeasured), so that the GETs after it find them.
+    let _ = redis_benchmark(&nodes, 5 * n, Some(n / spread), &set);
+    let get_fresh = redis_benchmark(&nodes, n, Some(n / spread), &get);
+    let set_one = redis_benchmark(&nodes, 3 * n, None, &set_one);
+    let get_one = redis_benchmark(&nodes, 3 * n, None, &get_one);
     match (set_fresh, get_fresh, set_one, get_one) {
         (Some(set_fresh), Some(get_fresh), Some(set_one), Some(get_one)) => {
             let gbs = |rps: f64| rps * value_bytes as f64 / 1e9;
             println!(
-                "redis-benchmark, {n} keys like the tier's: SET {:.2} GB/s, GET {:.2} GB/s; one key: SET {:.2} GB/s, GET {:.2} GB/s",
+                "redis-benchmark, {n} keys like the tier's: SET {:.2} GB/s, GET {:.2} GB/s; one key per node: SET {:.2} GB/s, GET {:.2} GB/s",
                 gbs(set_fresh),
                 gbs(get_fresh),
                 gbs(set_one),
@@ -191,38 +196,62 @@ fn main() {
     hit_path(&tier);
 }
 
-/// `redis-benchmark`'s requests per second with 2 clients and pipelines of
-/// 16, from the first node (in cluster mode when it is one), running
-/// `args` (a test or a command; `{tag}` routes each client's keys to the
-/// node it talks to).
-fn redis_benchmark(urls: &str, args: &[&str]) -> Option<f64> {
-    let first = urls.split(',').next()?.trim_start_matches("redis://");
-    let (host, port) = first.rsplit_once(':')?;
-    let out = Command::new("redis-benchmark")
-        .args([
-            "-h",
-            host,
-            "-p",
-            port,
-            "--cluster",
-            "-c",
-            "2",
-            "-P",
-            "16",
-            "-q",
-            "--csv",
-        ])
-        .args(args)
-        .output()
-        .ok()?;
-    // The last line is the test's: `"name","rps",...`.
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .last()?
-        .split("\",\"")
-        .nth(1)?
-        .parse::<f64>()
-        .ok()
+/// Each node the tier was given (`host`, `port`) with a hash tag whose
+/// slot that node serves (asked with `redis-cli`: a key it does not serve
+/// answers `MOVED`). On one server, any tag.
+fn peer_nodes(urls: &str) -> Vec<(String, String, String)> {
+    urls.split(',')
+        .filter_map(|url| {
+            let (host, port) = url.trim().trim_start_matches("redis://").rsplit_once(':')?;
+            let tag = (0..1000)
+                .map(|t| format!("{{kvslice-peer-{t}}}"))
+                .find(|tag| {
+                    Command::new("redis-cli")
+                        .args(["-h", host, "-p", port, "EXISTS", tag])
+                        .output()
+                        .is_ok_and(|o| o.status.success() && !o.stdout.starts_with(b"MOVED"))
+                })?;
+            Some((host.to_owned(), port.to_owned(), tag))
+        })
+        .collect()
+}
+
+/// `redis-benchmark`'s requests per second over all `nodes`: one plain
+/// (not `--cluster`) `redis-benchmark` per node, all at once, each with 2
+/// clients and pipelines of 16 (as the tier's 2 writers keep a connection
+/// per node), `n` requests in all, `{T}` in `cmd` replaced by the node's
+/// tag and keys drawn from `range` per node. The rate is the requests over
+/// the slowest node's own time. Not `--cluster`: its run ends on a 250 ms
+/// timer tick here, which made a 0.3 s run read as 0.5 s.
+fn redis_benchmark(
+    nodes: &[(String, String, String)],
+    n: u64,
+    range: Option<u64>,
+    cmd: &[&str],
+) -> Option<f64> {
+    let per_node = n / u64::try_from(nodes.len()).ok()?.max(1);
+    let runs: Vec<_> = nodes
+        .iter()
+        .map(|(host, port, tag)| {
+            let mut c = Command::new("redis-benchmark");
+            c.args(["-h", host, "-p", port, "-c", "2", "-P", "16", "-q", "--csv"]);
+            c.args(["-n", &per_node.to_string()]);
+            if let Some(r) = range {
+                c.args(["-r", &r.to_string()]);
+            }
+            c.args(cmd.iter().map(|a| a.replace("{T}", tag)));
+            c.stdout(std::process::Stdio::piped()).spawn()
+        })
+        .collect();
+    let mut slowest = 0f64;
+    for run in runs {
+        let out = run.ok()?.wait_with_output().ok()?;
+        // The last line is the test's: `"name","rps",...`.
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rps: f64 = text.lines().last()?.split("\",\"").nth(1)?.parse().ok()?;
+        slowest = slowest.max(per_node as f64 / rps);
+    }
+    (slowest > 0.0).then(|| (per_node * nodes.len() as u64) as f64 / slowest)
 }
 
 /// 32-block prefix hits on stores with the tier's sink attached (idle:
