@@ -149,8 +149,12 @@ fn a_full_redis_refuses_spills_and_the_cache_carries_on() {
     };
     server.cli(7210, &["config", "set", "maxmemory", "2mb"]);
     server.cli(7210, &["config", "set", "maxmemory-policy", "noeviction"]);
-    let tier =
-        RedisTier::open(layout(), TierConfig::new(&server.urls).spill_queue(1 << 14)).unwrap();
+    // Generous timeouts: this test is about a full Redis, not a slow one,
+    // and the other tests here load the machine while it runs.
+    let cfg = TierConfig::new(&server.urls)
+        .spill_queue(1 << 14)
+        .timeouts(Duration::from_secs(2), Duration::from_secs(5));
+    let tier = RedisTier::open(layout(), cfg).unwrap();
     // 1,600 blocks of about 2 KiB: more than 2 MB.
     for c in 0..200 {
         spill_chain(&tier, c);
@@ -161,7 +165,7 @@ fn a_full_redis_refuses_spills_and_the_cache_carries_on() {
     assert!(s.spill_rejected > 0, "{s:?}");
     assert!(s.spilled_blocks > 0, "{s:?}");
     // What did fit is served whole and right.
-    assert_eq!(fetch_chain(&tier, 0).0, 8);
+    assert_eq!(fetch_chain(&tier, 0).0, 8, "{:?}", tier.stats());
     // A replica's own cache is untouched by the tier's trouble.
     let store = CacheStore::new(layout(), 8, LruPolicy::new(8))
         .unwrap()
