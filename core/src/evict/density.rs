@@ -110,24 +110,71 @@ struct Open {
     pages: Vec<u32>,
 }
 
+/// What the policy knows of a page, in one place: ranking a page or
+/// applying an access to it reads one cache line, not one per field.
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    /// Request clock at the last insert or hit.
+    last: u64,
+    fingerprint: u64,
+    depth: u32,
+    /// Index in `leaves`, or [`UNLISTED`].
+    leaf_at: u32,
+    /// Turns of its conversation (1 = first turn).
+    turns: u8,
+    /// Tracked (inserted, not yet evicted).
+    live: bool,
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Self {
+            last: 0,
+            fingerprint: 0,
+            depth: 0,
+            leaf_at: UNLISTED,
+            turns: 1,
+            live: false,
+        }
+    }
+}
+
+/// A ghost entry: a key's fingerprint, and the request clock of its last
+/// use (0 = empty) with the turns it had then in the low byte, so that a
+/// lookup of the ghost is one 16-byte read.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ghost {
+    key: u64,
+    time_turns: u64,
+}
+
+impl Ghost {
+    fn new(key: u64, time: u64, turns: u8) -> Self {
+        // Request clocks stay far below 2^56.
+        Self {
+            key,
+            time_turns: time.min(u64::MAX >> 8) << 8 | u64::from(turns),
+        }
+    }
+
+    fn time(&self) -> u64 {
+        self.time_turns >> 8
+    }
+
+    fn turns(&self) -> u8 {
+        self.time_turns as u8
+    }
+}
+
+/// An eviction candidate: its rank (lower goes first) and page.
+type Candidate = (u64, u32);
+
 #[derive(Debug)]
 struct State {
-    /// Per page: tracked (inserted, not yet evicted).
-    live: Vec<bool>,
-    /// Per page: request clock at the last insert or hit.
-    last: Vec<u64>,
-    /// Per page: turns of its conversation (1 = first turn).
-    turns: Vec<u8>,
-    depth: Vec<u32>,
-    fingerprint: Vec<u64>,
-    /// Per page: index in `leaves`, or [`UNLISTED`].
-    leaf_at: Vec<u32>,
+    pages: Vec<Page>,
     leaves: Vec<u32>,
-    /// Direct-mapped ghost of keys: fingerprint, request clock of the last
-    /// use (0 = empty) and turns then.
-    ghost_key: Vec<u64>,
-    ghost_time: Vec<u64>,
-    ghost_turns: Vec<u8>,
+    /// Direct-mapped ghost of keys.
+    ghost: Vec<Ghost>,
     /// The newest request serial seen (starts at 1).
     clock: u64,
     /// Requests in flight, by `serial % OPEN`.
@@ -135,13 +182,16 @@ struct State {
     /// Per class: reuse gaps by age bin, and uses started.
     returns: Vec<[f64; BINS]>,
     uses: [f64; CLASSES],
-    density: Vec<[f64; BINS]>,
+    /// Per class and age bin: the density's `f32` bits, which order as
+    /// the densities do (they are never negative), so ranking is integer
+    /// work.
+    density: [[u32; BINS]; CLASSES],
     /// Representative age of each bin.
     age_of_bin: [f64; BINS],
     next_update: u64,
     rng: u64,
-    /// Scratch for `evict_one`'s candidates: (density, last use, page).
-    sample: Vec<(f64, u64, u32)>,
+    /// Scratch for `evict_one`'s candidates.
+    sample: Vec<Candidate>,
     /// The previous eviction's best runners-up.
     kept: Vec<u32>,
 }
@@ -157,25 +207,18 @@ impl DensityPolicy {
             *x = libm::exp2(b as f64 / PER_OCTAVE as f64) - 1.0;
         }
         // Before anything is learned: younger is denser (LRU order).
-        let prior: [f64; BINS] = core::array::from_fn(|b| 1.0 / (b + 1) as f64);
+        let prior: [u32; BINS] = core::array::from_fn(|b| (1.0 / (b + 1) as f32).to_bits());
         Self {
             capacity,
             state: SpinLock::new(State {
-                live: vec![false; n],
-                last: vec![0; n],
-                turns: vec![1; n],
-                depth: vec![0; n],
-                fingerprint: vec![0; n],
-                leaf_at: vec![UNLISTED; n],
+                pages: vec![Page::default(); n],
                 leaves: Vec::with_capacity(n),
-                ghost_key: vec![0; ghost],
-                ghost_time: vec![0; ghost],
-                ghost_turns: vec![0; ghost],
+                ghost: vec![Ghost::default(); ghost],
                 clock: 1,
                 open: (0..OPEN).map(|_| Open::default()).collect(),
                 returns: vec![[0.0; BINS]; CLASSES],
                 uses: [0.0; CLASSES],
-                density: vec![prior; CLASSES],
+                density: [prior; CLASSES],
                 age_of_bin,
                 next_update: 1 + PERIOD,
                 rng: 0x9e37_79b9_7f4a_7c15,
@@ -207,14 +250,13 @@ fn class(turns: u8) -> usize {
 
 impl State {
     fn ghost_slot(&self, fingerprint: u64) -> usize {
-        super::ghost_slot(fingerprint, self.ghost_key.len())
+        super::ghost_slot(fingerprint, self.ghost.len())
     }
 
     /// The ghost's `(last use, turns)` for a key, if it still knows it.
     fn ghost(&self, fingerprint: u64) -> Option<(u64, u8)> {
-        let i = self.ghost_slot(fingerprint);
-        (self.ghost_key[i] == fingerprint && self.ghost_time[i] != 0)
-            .then(|| (self.ghost_time[i], self.ghost_turns[i]))
+        let g = self.ghost[self.ghost_slot(fingerprint)];
+        (g.key == fingerprint && g.time() != 0).then(|| (g.time(), g.turns()))
     }
 
     /// A use of a key at request time `now`: if it was used before, one
@@ -267,16 +309,15 @@ impl State {
         let (serial, turns) = (o.serial, o.current.max(o.missed).saturating_add(1));
         let pages = core::mem::take(&mut o.pages);
         for &p in &pages {
-            let i = p as usize;
-            if !self.live[i] {
+            let page = &mut self.pages[p as usize];
+            if !page.live {
                 continue;
             }
-            self.turns[i] = self.turns[i].max(turns);
-            let slot = self.ghost_slot(self.fingerprint[i]);
-            self.ghost_key[slot] = self.fingerprint[i];
-            self.ghost_time[slot] = serial;
-            self.ghost_turns[slot] = self.turns[i];
-            self.uses[class(self.turns[i])] += 1.0;
+            page.turns = page.turns.max(turns);
+            let (fingerprint, turns) = (page.fingerprint, page.turns);
+            let slot = self.ghost_slot(fingerprint);
+            self.ghost[slot] = Ghost::new(fingerprint, serial, turns);
+            self.uses[class(turns)] += 1.0;
         }
         let o = &mut self.open[at];
         o.pages = pages;
@@ -308,7 +349,7 @@ impl State {
                         }
                     }
                 }
-                self.density[c][i] = best;
+                self.density[c][i] = (best as f32).to_bits();
             }
             h.iter_mut().for_each(|v| *v *= DECAY);
             self.uses[c] *= DECAY;
@@ -316,22 +357,22 @@ impl State {
     }
 
     fn list(&mut self, p: u32) {
-        if self.leaf_at[p as usize] == UNLISTED {
-            self.leaf_at[p as usize] = self.leaves.len() as u32;
+        if self.pages[p as usize].leaf_at == UNLISTED {
+            self.pages[p as usize].leaf_at = self.leaves.len() as u32;
             self.leaves.push(p);
         }
     }
 
     fn unlist(&mut self, p: u32) {
-        let at = self.leaf_at[p as usize];
+        let at = self.pages[p as usize].leaf_at;
         if at == UNLISTED {
             return;
         }
-        self.leaf_at[p as usize] = UNLISTED;
+        self.pages[p as usize].leaf_at = UNLISTED;
         let last = self.leaves.pop().expect("a listed page is in the list");
         if last != p {
             self.leaves[at as usize] = last;
-            self.leaf_at[last as usize] = at;
+            self.pages[last as usize].leaf_at = at;
         }
     }
 
@@ -350,36 +391,38 @@ impl State {
 
     fn insert(&mut self, event: PageEvent) {
         let (open, now) = self.use_key(&event);
-        let i = event.page.0 as usize;
-        self.live[i] = true;
-        self.last[i] = now;
-        self.depth[i] = event.block_index;
-        self.fingerprint[i] = event.fingerprint;
-        self.turns[i] = 1;
+        let mut turns = 1;
         if let Some(at) = open {
             let o = &mut self.open[at];
-            self.turns[i] = o.current.max(o.missed).saturating_add(1);
+            turns = o.current.max(o.missed).saturating_add(1);
             o.pages.push(event.page.0);
         }
+        let page = &mut self.pages[event.page.0 as usize];
+        page.live = true;
+        page.last = now;
+        page.depth = event.block_index;
+        page.fingerprint = event.fingerprint;
+        page.turns = turns;
         self.list(event.page.0);
     }
 
     fn access(&mut self, event: PageEvent) {
         let p = event.page.0;
-        if p >= self.live.len() as u32 {
+        if p >= self.pages.len() as u32 {
             return;
         }
         let (open, now) = self.use_key(&event);
-        let i = p as usize;
+        let page = &mut self.pages[p as usize];
         // A buffered hit can be stale: the page may hold another key now.
-        if !self.live[i] || self.fingerprint[i] != event.fingerprint {
+        if !page.live || page.fingerprint != event.fingerprint {
             return;
         }
-        self.last[i] = self.last[i].max(now);
+        page.last = page.last.max(now);
+        let (depth, turns) = (page.depth, page.turns);
         if let Some(at) = open {
             let o = &mut self.open[at];
-            if self.depth[i] > 0 {
-                o.current = o.current.max(self.turns[i]);
+            if depth > 0 {
+                o.current = o.current.max(turns);
             }
             o.pages.push(p);
         }
@@ -407,20 +450,19 @@ impl State {
         self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    /// Lower is evicted first: (density, last use), i.e. older on ties.
-    fn rank(&self, p: u32) -> (f64, u64, u32) {
-        let i = p as usize;
-        let age = self.clock.saturating_sub(self.last[i]);
-        (
-            self.density[class(self.turns[i])][bin(age)],
-            self.last[i],
-            p,
-        )
+    /// Lower is evicted first: the density's bits, then the age inverted
+    /// (older first on ties), then the page.
+    fn rank(&self, p: u32) -> Candidate {
+        let page = &self.pages[p as usize];
+        let age = self.clock.saturating_sub(page.last);
+        let density = self.density[class(page.turns)][bin(age)];
+        let younger = u32::MAX - age.min(u64::from(u32::MAX)) as u32;
+        (u64::from(density) << 32 | u64::from(younger), p)
     }
 
     fn forget(&mut self, p: u32) {
         self.unlist(p);
-        self.live[p as usize] = false;
+        self.pages[p as usize].live = false;
     }
 }
 
@@ -444,7 +486,7 @@ impl EvictionPolicy for DensityPolicy {
         let p = event.page.0;
         if p < self.capacity {
             let mut s = self.state.lock();
-            s.live[p as usize] = true;
+            s.pages[p as usize].live = true;
             s.list(p);
         }
     }
@@ -492,7 +534,7 @@ impl EvictionPolicy for DensityPolicy {
         let p = event.page.0;
         if p < self.capacity {
             let mut s = self.state.lock();
-            if s.live[p as usize] {
+            if s.pages[p as usize].live {
                 s.list(p);
             }
         }
@@ -511,7 +553,7 @@ impl EvictionPolicy for DensityPolicy {
 impl State {
     fn evict_sampled(
         &mut self,
-        sample: &mut Vec<(f64, u64, u32)>,
+        sample: &mut Vec<Candidate>,
         try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool,
     ) -> Option<PageId> {
         for pass in [EvictPass::Normal, EvictPass::IncludeHigh] {
@@ -526,7 +568,7 @@ impl State {
                 if round == 0 && n > SAMPLE {
                     for i in 0..self.kept.len() {
                         let p = self.kept[i];
-                        if self.leaf_at[p as usize] != UNLISTED {
+                        if self.pages[p as usize].leaf_at != UNLISTED {
                             sample.push(self.rank(p));
                         }
                     }
@@ -542,27 +584,24 @@ impl State {
                 } else {
                     sample.extend(self.leaves.iter().map(|&p| self.rank(p)));
                 }
-                let order = |a: &(f64, u64, u32), b: &(f64, u64, u32)| {
-                    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
-                };
                 // Usually the best is accepted: offer it before sorting.
-                let best = sample.iter().copied().min_by(order).expect("sampled");
-                if try_evict(PageId(best.2), pass) {
-                    self.forget(best.2);
+                let best = sample.iter().copied().min().expect("sampled");
+                if try_evict(PageId(best.1), pass) {
+                    self.forget(best.1);
                     // The runners-up: the best KEPT + 1 (one is `best`),
                     // unordered, which is all the next ranking needs.
                     if sample.len() > KEPT + 1 {
-                        sample.select_nth_unstable_by(KEPT + 1, order);
+                        sample.select_nth_unstable(KEPT + 1);
                     }
                     self.kept.clear();
-                    let rest = sample.iter().take(KEPT + 1).filter(|r| r.2 != best.2);
-                    self.kept.extend(rest.map(|r| r.2));
-                    return Some(PageId(best.2));
+                    let rest = sample.iter().take(KEPT + 1).filter(|r| r.1 != best.1);
+                    self.kept.extend(rest.map(|r| r.1));
+                    return Some(PageId(best.1));
                 }
-                sample.sort_unstable_by(|a, b| order(a, b).then(a.2.cmp(&b.2)));
-                sample.dedup_by_key(|r| r.2);
-                for &(_, _, p) in sample.iter() {
-                    if p != best.2 && try_evict(PageId(p), pass) {
+                sample.sort_unstable();
+                sample.dedup_by_key(|r| r.1);
+                for &(_, p) in sample.iter() {
+                    if p != best.1 && try_evict(PageId(p), pass) {
                         self.forget(p);
                         return Some(PageId(p));
                     }
@@ -630,7 +669,8 @@ mod tests {
         p.on_request_end(3);
         p.on_request_end(2);
         let s = p.state.lock();
-        assert_eq!((s.turns[1], s.turns[2], s.turns[3]), (2, 2, 1));
+        let turns = |i: usize| s.pages[i].turns;
+        assert_eq!((turns(1), turns(2), turns(3)), (2, 2, 1));
     }
 
     /// Refused pages are skipped; with every leaf refused it gives up, and
@@ -670,13 +710,13 @@ mod tests {
         p.on_access(ev(0, 0, 2)); // a second request
         let before = {
             let s = p.state.lock();
-            (s.clock, s.last[1], s.turns[1])
+            (s.clock, s.pages[1].last, s.pages[1].turns)
         };
         assert_eq!(p.evict_one(&mut |_, _| true), Some(PageId(1)));
         p.on_restore(ev(1, 1, 0));
         let s = p.state.lock();
-        assert_eq!((s.clock, s.last[1], s.turns[1]), before);
-        assert!(s.live[1] && s.leaf_at[1] != UNLISTED);
+        assert_eq!((s.clock, s.pages[1].last, s.pages[1].turns), before);
+        assert!(s.pages[1].live && s.pages[1].leaf_at != UNLISTED);
     }
 
     /// Learned from the ghost: a class whose keys come back after ~100
@@ -689,8 +729,9 @@ mod tests {
         s.uses[1] = 1000.0;
         s.uses[0] = 1000.0;
         s.update_density();
-        assert!(s.density[1][bin(50)] > s.density[0][bin(50)]);
-        assert!(s.density[1][bin(50)] > 0.0);
-        assert_eq!(s.density[0][bin(50)], 0.0);
+        let density = |c: usize| f32::from_bits(s.density[c][bin(50)]);
+        assert!(density(1) > density(0));
+        assert!(density(1) > 0.0);
+        assert_eq!(density(0), 0.0);
     }
 }
