@@ -22,8 +22,8 @@ const DECAY: f64 = 0.9;
 const SAMPLE: usize = 64;
 /// Fresh leaves sampled per eviction, beside the kept candidates.
 const REFRESH: usize = 16;
-/// The best runners-up of an eviction, kept for the next (Redis's
-/// eviction pool): a near-best choice at a quarter of the ranking work.
+/// Runners-up of an eviction, kept for the next (Redis's eviction pool):
+/// a near-best choice at a quarter of the ranking work.
 const KEPT: usize = 16;
 /// Not in the leaf list.
 const UNLISTED: u32 = u32::MAX;
@@ -59,10 +59,11 @@ const OPEN: usize = 64;
 ///   happening at its lower edge, and horizons are bin edges, so it is an
 ///   approximation that favours young ages slightly. Tables are recomputed
 ///   every 500 requests, the past decayed by 0.9.
-/// - Eviction ranks 16 fresh random leaves together with the 16 best
-///   runners-up of the previous eviction, and offers them lowest density
-///   first (older first on ties); if all are refused, it samples 64, then
-///   every leaf. Parents wait until they are leaves again.
+/// - Eviction ranks 16 fresh random leaves together with 16 runners-up of
+///   the previous eviction (the better of each pair of its candidates),
+///   and offers them lowest density first (older first on ties); if all
+///   are refused, it samples 64, then every leaf. Parents wait until they
+///   are leaves again.
 ///
 /// Requests are told apart by the serial each event carries (see
 /// [`CacheStore::begin_request`](crate::CacheStore::begin_request)), so
@@ -192,7 +193,7 @@ struct State {
     rng: u64,
     /// Scratch for `evict_one`'s candidates.
     sample: Vec<Candidate>,
-    /// The previous eviction's best runners-up.
+    /// The previous eviction's runners-up.
     kept: Vec<u32>,
 }
 
@@ -588,14 +589,16 @@ impl State {
                 let best = sample.iter().copied().min().expect("sampled");
                 if try_evict(PageId(best.1), pass) {
                     self.forget(best.1);
-                    // The runners-up: the best KEPT + 1 (one is `best`),
-                    // unordered, which is all the next ranking needs.
-                    if sample.len() > KEPT + 1 {
-                        sample.select_nth_unstable(KEPT + 1);
-                    }
+                    // The runners-up: the better of each pair (first
+                    // with last, and so on inward), which keeps most of
+                    // the best half at a comparison per pair.
                     self.kept.clear();
-                    let rest = sample.iter().take(KEPT + 1).filter(|r| r.1 != best.1);
-                    self.kept.extend(rest.map(|r| r.1));
+                    let (front, back) = sample.split_at(sample.len() / 2);
+                    let better = front.iter().zip(back.iter().rev()).map(|(a, b)| a.min(b));
+                    let better =
+                        better.chain(back.get(front.len()).filter(|_| back.len() > front.len()));
+                    self.kept
+                        .extend(better.filter(|r| r.1 != best.1).take(KEPT).map(|r| r.1));
                     return Some(PageId(best.1));
                 }
                 sample.sort_unstable();
