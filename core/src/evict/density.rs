@@ -140,30 +140,45 @@ impl Default for Page {
     }
 }
 
-/// A ghost entry: a key's fingerprint, and the request clock of its last
-/// use (0 = empty) with the turns it had then in the low byte, so that a
-/// lookup of the ghost is one 16-byte read.
+/// A ghost entry in 8 bytes, so the ghost (at least 65,536 entries) takes
+/// half a megabyte rather than a megabyte of the cache the hit path runs
+/// in: a 32-bit tag of the key's fingerprint (independent of the bits
+/// that chose the slot), the request clock of the last use modulo 2^28,
+/// and the turns then (capped at 15; classes stop at 8). 0 is empty: a
+/// stored entry has at least one turn.
 #[derive(Debug, Clone, Copy, Default)]
-struct Ghost {
-    key: u64,
-    time_turns: u64,
-}
+struct Ghost(u64);
+
+/// Ghost clocks wrap at 2^28 requests; gaps are told apart up to 2^27,
+/// far beyond the 2^20 the age bins distinguish.
+const GHOST_TIME_BITS: u32 = 28;
+const GHOST_TIME_MASK: u64 = (1 << GHOST_TIME_BITS) - 1;
 
 impl Ghost {
-    fn new(key: u64, time: u64, turns: u8) -> Self {
-        // Request clocks stay far below 2^56.
-        Self {
-            key,
-            time_turns: time.min(u64::MAX >> 8) << 8 | u64::from(turns),
+    fn tag(fingerprint: u64) -> u64 {
+        fingerprint.wrapping_mul(0xd6e8_feb8_6659_fd93) >> 32
+    }
+
+    fn new(fingerprint: u64, time: u64, turns: u8) -> Self {
+        let turns = u64::from(turns.clamp(1, 15));
+        Self(Self::tag(fingerprint) << 32 | (time & GHOST_TIME_MASK) << 4 | turns)
+    }
+
+    /// `(requests since the last use, turns then)` if this entry is the
+    /// key's; a use stamped after `now` (a buffered event applied late)
+    /// is 0 requests old.
+    fn of(self, fingerprint: u64, now: u64) -> Option<(u64, u8)> {
+        if self.0 == 0 || self.0 >> 32 != Self::tag(fingerprint) {
+            return None;
         }
-    }
-
-    fn time(&self) -> u64 {
-        self.time_turns >> 8
-    }
-
-    fn turns(&self) -> u8 {
-        self.time_turns as u8
+        let then = (self.0 >> 4) & GHOST_TIME_MASK;
+        let gap = now.wrapping_sub(then) & GHOST_TIME_MASK;
+        let gap = if gap >> (GHOST_TIME_BITS - 1) != 0 {
+            0
+        } else {
+            gap
+        };
+        Some((gap, (self.0 & 15) as u8))
     }
 }
 
@@ -254,17 +269,17 @@ impl State {
         super::ghost_slot(fingerprint, self.ghost.len())
     }
 
-    /// The ghost's `(last use, turns)` for a key, if it still knows it.
-    fn ghost(&self, fingerprint: u64) -> Option<(u64, u8)> {
-        let g = self.ghost[self.ghost_slot(fingerprint)];
-        (g.key == fingerprint && g.time() != 0).then(|| (g.time(), g.turns()))
+    /// The ghost's `(requests since the last use, turns)` for a key at
+    /// request time `now`, if it still knows the key.
+    fn ghost(&self, fingerprint: u64, now: u64) -> Option<(u64, u8)> {
+        self.ghost[self.ghost_slot(fingerprint)].of(fingerprint, now)
     }
 
     /// A use of a key at request time `now`: if it was used before, one
     /// reuse-gap sample for the class it had then.
     fn sample_reuse(&mut self, fingerprint: u64, now: u64) {
-        if let Some((then, turns)) = self.ghost(fingerprint) {
-            self.returns[class(turns)][bin(now.saturating_sub(then))] += 1.0;
+        if let Some((gap, turns)) = self.ghost(fingerprint, now) {
+            self.returns[class(turns)][bin(gap)] += 1.0;
         }
     }
 
@@ -431,7 +446,7 @@ impl State {
 
     fn miss(&mut self, fingerprint: u64, request: u64) {
         let Some(at) = self.open(request) else { return };
-        if let Some((_, turns)) = self.ghost(fingerprint) {
+        if let Some((_, turns)) = self.ghost(fingerprint, self.clock) {
             let o = &mut self.open[at];
             o.missed = o.missed.max(turns);
         }
@@ -629,6 +644,24 @@ mod tests {
             request,
             ..test_event(page, block_index)
         }
+    }
+
+    #[test]
+    fn ghost_entries_round_trip_and_wrap() {
+        let fp = 0x1234_5678_9abc_def1;
+        let g = Ghost::new(fp, 1000, 3);
+        assert_eq!(g.of(fp, 1250), Some((250, 3)));
+        assert_eq!(g.of(fp ^ (1 << 40), 1250), None, "another key");
+        assert_eq!(Ghost::default().of(0, 5), None, "empty");
+        assert_eq!(g.of(fp, 990), Some((0, 3)), "stamped after now");
+        assert_eq!(Ghost::new(fp, 9, 200).of(fp, 9), Some((0, 15)));
+        // Across the clock's wrap.
+        let late = GHOST_TIME_MASK - 5;
+        assert_eq!(Ghost::new(fp, late, 1).of(fp, late + 10), Some((10, 1)));
+        // The tag does not depend on the bits that chose the slot.
+        let tags: alloc::collections::BTreeSet<u64> =
+            (0..64u64).map(|i| Ghost::tag(fp ^ (i << 40))).collect();
+        assert_eq!(tags.len(), 64);
     }
 
     #[test]
