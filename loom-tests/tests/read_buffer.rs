@@ -54,6 +54,61 @@ fn records_race_drain() {
     });
 }
 
+/// A lookup's claim of two positions at once racing two single records
+/// and a drainer, on a stripe of four slots with one taken (so not all
+/// fit unless the drainer frees some): the pair arrives whole and in
+/// order or is dropped whole, and the drainer never reads a claimed slot
+/// before its record is complete.
+#[test]
+fn claims_of_many_race_single_records_and_drain() {
+    model(|| {
+        let buf = Arc::new(ReadBuffer::new(1, 4));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        assert!(buf.record(hit(0)));
+        let pair = {
+            let buf = buf.clone();
+            thread::spawn(move || buf.record_all(&[hit(1), hit(2)]))
+        };
+        let single = {
+            let buf = buf.clone();
+            thread::spawn(move || {
+                buf.record(hit(3));
+                buf.record(hit(4));
+            })
+        };
+        let drainer = {
+            let (buf, seen) = (buf.clone(), seen.clone());
+            thread::spawn(move || {
+                buf.try_drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
+            })
+        };
+        let pair_in = pair.join().unwrap();
+        single.join().unwrap();
+        drainer.join().unwrap();
+        buf.drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len() as u64 + buf.dropped(), 5, "delivered + dropped");
+        let at = |a: Access| seen.iter().position(|s| *s == a);
+        assert_eq!(at(hit(0)), Some(0));
+        match (at(hit(1)), at(hit(2))) {
+            (Some(i), Some(j)) => assert!(pair_in && j == i + 1, "the pair split"),
+            (None, None) => assert!(!pair_in),
+            _ => panic!("half a pair: {seen:?}"),
+        }
+        let mut pages: Vec<u32> = seen
+            .iter()
+            .map(|a| match a {
+                Access::Hit(e) => e.page.0,
+                _ => u32::MAX,
+            })
+            .collect();
+        assert!(pages.iter().all(|&p| p <= 4), "a torn record");
+        pages.sort_unstable();
+        pages.dedup();
+        assert_eq!(pages.len(), seen.len(), "a record delivered twice");
+    });
+}
+
 /// A recorder racing two drainers (one waiting, one trying): the drain
 /// flag keeps them apart, so the record arrives exactly once.
 #[test]

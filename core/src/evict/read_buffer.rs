@@ -2,13 +2,14 @@
 //! its hit path and a policy applies later, in batches, under its own lock
 //! (the read buffers of Caffeine and moka).
 //!
-//! Each stripe is a bounded ring with one consumer: a writer claims a
-//! position with one compare-and-swap on `tail` and publishes the record by
-//! storing its position + 1 in the slot's `seq` (Release); the drainer,
-//! which alone moves `head`, reads a slot only once its `seq` says the
-//! record for that position is complete (Acquire). A writer that finds its
-//! stripe full, or loses the race for a position, drops the record and
-//! counts it: recording is wait-free, two loads, one CAS and four stores.
+//! Each stripe is a bounded ring with one consumer: a writer claims
+//! consecutive positions for its records with one compare-and-swap on
+//! `tail` and publishes each record by storing its position + 1 in the
+//! slot's `seq` (Release); the drainer, which alone moves `head`, reads a
+//! slot only once its `seq` says the record for that position is complete
+//! (Acquire). A writer that finds its stripe too full, or loses the race
+//! for the positions, drops its records and counts them: recording is
+//! wait-free, two loads and one CAS per call, four stores per record.
 //! Only the drainer waits, and only for the drain flag.
 
 use alloc::boxed::Box;
@@ -169,25 +170,51 @@ impl ReadBuffer {
     /// stay in order); returns `false` if it was dropped because the stripe
     /// was full or another writer won the position.
     pub fn record(&self, access: Access) -> bool {
-        let stripe = &self.stripes[access.request() as usize & self.stripe_mask];
+        self.record_all(core::slice::from_ref(&access))
+    }
+
+    /// Records `accesses`, all of one request, at consecutive positions of
+    /// its stripe claimed at once: all of them, or none (dropped and
+    /// counted) if the stripe lacks room or another writer won the
+    /// positions. A lookup records its hits this way, one claim for many
+    /// blocks. More than a stripe holds are always dropped.
+    ///
+    /// ```
+    /// use kvslice_core::evict::{Access, ReadBuffer};
+    ///
+    /// let buf = ReadBuffer::new(1, 4);
+    /// let ends = [1, 1, 1].map(|request| Access::End { request });
+    /// assert!(buf.record_all(&ends));
+    /// assert!(!buf.record_all(&ends), "one slot left");
+    /// assert_eq!(buf.dropped(), 3);
+    /// ```
+    pub fn record_all(&self, accesses: &[Access]) -> bool {
+        let Some(first) = accesses.first() else {
+            return true;
+        };
+        let n = accesses.len() as u64;
+        debug_assert!(accesses.iter().all(|a| a.request() == first.request()));
+        let stripe = &self.stripes[first.request() as usize & self.stripe_mask];
         let t = stripe.tail.load(Ordering::Relaxed);
-        // Acquire: the drainer's reads of the slot we may reuse happened
-        // before it moved `head` past it.
+        // Acquire: the drainer's reads of the slots we may reuse happened
+        // before it moved `head` past them.
         let h = stripe.head.load(Ordering::Acquire);
-        if t.wrapping_sub(h) > self.slot_mask
+        if t.wrapping_sub(h) + n > self.slot_mask + 1
             || stripe
                 .tail
-                .compare_exchange(t, t + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(t, t + n, Ordering::Relaxed, Ordering::Relaxed)
                 .is_err()
         {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.fetch_add(n, Ordering::Relaxed);
             return false;
         }
-        let slot = &stripe.slots[(t & self.slot_mask) as usize];
-        for (w, v) in slot.words.iter().zip(access.encode()) {
-            w.store(v, Ordering::Relaxed);
+        for (pos, access) in (t..).zip(accesses) {
+            let slot = &stripe.slots[(pos & self.slot_mask) as usize];
+            for (w, v) in slot.words.iter().zip(access.encode()) {
+                w.store(v, Ordering::Relaxed);
+            }
+            slot.seq.store(pos + 1, Ordering::Release);
         }
-        slot.seq.store(t + 1, Ordering::Release);
         true
     }
 
@@ -309,6 +336,30 @@ mod tests {
             let got = drained(&buf);
             assert_eq!(got.len(), 8);
             assert_eq!(got[0], hit(round, 1));
+        }
+    }
+
+    #[test]
+    fn claims_of_many_are_all_or_nothing_and_in_order() {
+        let buf = ReadBuffer::new(1, 8);
+        let run: Vec<Access> = (0..5).map(|i| hit(i, 2)).collect();
+        assert!(buf.record_all(&run));
+        assert!(!buf.record_all(&run), "5 + 5 > 8");
+        assert!(buf.record_all(&run[..3]), "exactly full");
+        assert!(!buf.record(hit(9, 2)));
+        assert_eq!(buf.dropped(), 6);
+        let mut want = run.clone();
+        want.extend_from_slice(&run[..3]);
+        assert_eq!(drained(&buf), want);
+        // Too many for the stripe: dropped even when it is empty.
+        let long: Vec<Access> = (0..9).map(|i| hit(i, 2)).collect();
+        assert!(!buf.record_all(&long));
+        assert!(buf.record_all(&[]));
+        assert_eq!(buf.dropped(), 15);
+        // Claims wrap around the ring.
+        for _ in 0..5 {
+            assert!(buf.record_all(&run[..3]));
+            assert_eq!(drained(&buf), run[..3]);
         }
     }
 

@@ -24,6 +24,7 @@
 
 mod events;
 mod meta;
+mod recorder;
 mod request;
 mod spill;
 mod stats;
@@ -42,6 +43,7 @@ pub use stats::StoreStats;
 pub use window::WindowHit;
 
 use self::meta::PageMeta;
+use self::recorder::Recorder;
 use self::stats::{Count, Counters};
 use crate::error::{Error, Result};
 use crate::evict::{Access, EvictPass, EvictionPolicy, PageEvent, ReadBuffer};
@@ -246,6 +248,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         }
     }
 
+    /// Collects one lookup's accesses for the policy.
+    fn recorder(&self) -> Recorder<'_, E> {
+        Recorder::new(self.reads.as_ref(), &self.policy)
+    }
+
     /// Hands every buffered access to the policy (maintenance only: before
     /// inserts and evictions, which must see them).
     fn drain_reads(&self) {
@@ -262,8 +269,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     ///
     /// Takes no lock, whatever the policy, except [`LruPolicy`]'s, whose
     /// exact order needs its lock on every hit: per block, a map read, a
-    /// reference, and one record of the access (a wait-free write to a
-    /// lossy buffer, or the clock policy's bit).
+    /// reference, and one record of the access (the clock policy's bit, or
+    /// four stores into a lossy buffer, whose slots the lookup claims with
+    /// one compare-and-swap per 16 blocks).
     ///
     /// [`LruPolicy`]: crate::LruPolicy
     pub fn lookup_prefix<'s>(
@@ -279,9 +287,10 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         let spread = keys.first().map_or(0, fingerprint);
         let mut hits = 0usize;
         let mut hit_tokens = 0u64;
+        let mut recorder = self.recorder();
         for key in keys {
             let Some(handle) = self.map.get(key, guard)? else {
-                self.record(Access::Miss {
+                recorder.push(Access::Miss {
                     fingerprint: fingerprint(key),
                     request: serial,
                 });
@@ -291,10 +300,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 break;
             };
             hit_tokens += u64::from(self.meta(handle.id()).valid_tokens());
-            self.record(Access::Hit(self.event(handle.id(), key, serial)));
+            recorder.push(Access::Hit(self.event(handle.id(), key, serial)));
             out.push(page);
             hits += 1;
         }
+        drop(recorder);
         self.stats.add(spread, Count::Lookups, 1);
         self.stats.add(spread, Count::HitBlocks, hits as u64);
         self.stats

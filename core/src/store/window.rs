@@ -135,15 +135,17 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         } else {
             out.truncate(start + hit.end - hit.first);
         }
+        let mut recorder = self.recorder();
         for (key, page) in keys[hit.first..hit.end].iter().zip(&out[start..]) {
-            self.record(Access::Hit(self.event(page.handle().id(), key, serial)));
+            recorder.push(Access::Hit(self.event(page.handle().id(), key, serial)));
         }
         if let Some(key) = keys.get(hit.end) {
-            self.record(Access::Miss {
+            recorder.push(Access::Miss {
                 fingerprint: fingerprint(key),
                 request: serial,
             });
         }
+        drop(recorder);
         let computed = (hit.end * bt).min(total_tokens) as u64;
         self.stats.add(spread, Count::Lookups, 1);
         self.stats
