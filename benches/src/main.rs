@@ -103,6 +103,11 @@ struct ReplayArgs {
     /// One JSON object per (policy, capacity) on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also print `lookup_prefix` latency by how many blocks each lookup
+    /// hit: a policy that hits more serves longer prefixes, whose lookups
+    /// take longer.
+    #[arg(long)]
+    by_hits: bool,
     /// With `--tier`, the cache spills evicted blocks to a Redis tier and
     /// fetches a prefix's continuation from it; the table then splits hits
     /// into local and remote (`kvslice tier` runs several replicas).
@@ -348,6 +353,9 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
         args.trace.threads
     );
     print!("{}", sweep::table(&reports));
+    if args.by_hits {
+        print!("\n{}", sweep::by_hits_table(&reports));
+    }
     print_ratios(&reports);
     Ok(())
 }

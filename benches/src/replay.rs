@@ -73,8 +73,55 @@ pub struct ReplayReport {
     pub p50_lookup_us: f64,
     /// 99th percentile `lookup_prefix` latency per request, microseconds.
     pub p99_lookup_us: f64,
+    /// The same latencies by how many blocks the lookups hit: a policy
+    /// that hits more serves longer prefixes, whose lookups take longer,
+    /// so its overall percentiles are not its hit path's cost.
+    pub by_hits: Vec<HitBucket>,
     /// Replay wall time, seconds.
     pub seconds: f64,
+}
+
+/// `lookup_prefix` latency of the lookups whose hits fall in one range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HitBucket {
+    /// Fewest and most blocks hit, inclusive.
+    pub hits: (u32, u32),
+    /// Lookups in the range.
+    pub lookups: u64,
+    /// Their median latency, microseconds.
+    pub p50_us: f64,
+    /// Their 99th percentile latency, microseconds.
+    pub p99_us: f64,
+}
+
+/// The hit ranges of [`ReplayReport::by_hits`].
+pub const HIT_BUCKETS: [(u32, u32); 5] = [(0, 0), (1, 8), (9, 32), (33, 128), (129, u32::MAX)];
+
+/// Percentile `q` of sorted nanoseconds, in microseconds (0 if empty).
+fn percentile_us(sorted_ns: &[u64], q: f64) -> f64 {
+    let at = ((sorted_ns.len() as f64 * q) as usize).min(sorted_ns.len().saturating_sub(1));
+    sorted_ns.get(at).map_or(0.0, |ns| *ns as f64 / 1e3)
+}
+
+/// Latency percentiles of `(nanoseconds, hits)` lookups per hit range.
+fn by_hits(lat: &[(u64, u32)]) -> Vec<HitBucket> {
+    HIT_BUCKETS
+        .iter()
+        .map(|&(lo, hi)| {
+            let mut ns: Vec<u64> = lat
+                .iter()
+                .filter(|(_, h)| (lo..=hi).contains(h))
+                .map(|(ns, _)| *ns)
+                .collect();
+            ns.sort_unstable();
+            HitBucket {
+                hits: (lo, hi),
+                lookups: ns.len() as u64,
+                p50_us: percentile_us(&ns, 0.5),
+                p99_us: percentile_us(&ns, 0.99),
+            }
+        })
+        .collect()
 }
 
 impl ReplayReport {
@@ -93,6 +140,13 @@ impl ReplayReport {
             "lookups_per_sec": self.lookups_per_sec,
             "p50_lookup_us": self.p50_lookup_us,
             "p99_lookup_us": self.p99_lookup_us,
+            "by_hits": self.by_hits.iter().map(|b| serde_json::json!({
+                "min_hits": b.hits.0,
+                "max_hits": b.hits.1,
+                "lookups": b.lookups,
+                "p50_lookup_us": b.p50_us,
+                "p99_lookup_us": b.p99_us,
+            })).collect::<Vec<_>>(),
             "seconds": self.seconds,
         })
     }
@@ -260,12 +314,9 @@ fn run<E: EvictionPolicy>(
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = store.stats();
-    let mut lat = latencies.into_inner().unwrap();
-    lat.sort_unstable();
-    let pct = |q: f64| {
-        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-            .map_or(0.0, |ns| *ns as f64 / 1e3)
-    };
+    let lat: Vec<(u64, u32)> = latencies.into_inner().unwrap();
+    let mut ns: Vec<u64> = lat.iter().map(|(ns, _)| *ns).collect();
+    ns.sort_unstable();
     let blocks = trace.blocks();
     let tokens: u64 = trace.requests.iter().map(|r| r.input_length).sum();
     Ok(ReplayReport {
@@ -279,8 +330,9 @@ fn run<E: EvictionPolicy>(
         evictions: stats.evictions,
         uncached_requests: uncached.load(Relaxed),
         lookups_per_sec: blocks as f64 / seconds,
-        p50_lookup_us: pct(0.5),
-        p99_lookup_us: pct(0.99),
+        p50_lookup_us: percentile_us(&ns, 0.5),
+        p99_lookup_us: percentile_us(&ns, 0.99),
+        by_hits: by_hits(&lat),
         seconds,
     })
 }
@@ -294,7 +346,7 @@ fn serve<'s, E: EvictionPolicy>(
     i: usize,
     before_request: &impl Fn(u32),
     held: &mut Vec<PageRef<'s, 'static>>,
-    lat: &mut Vec<u64>,
+    lat: &mut Vec<(u64, u32)>,
     uncached: &AtomicU64,
 ) -> Result<(), Error> {
     before_request(i as u32);
@@ -314,7 +366,7 @@ pub(crate) fn lookup<'s, E: EvictionPolicy>(
     i: usize,
     guard: &Guard,
     held: &mut Vec<PageRef<'s, 'static>>,
-    lat: &mut Vec<u64>,
+    lat: &mut Vec<(u64, u32)>,
 ) -> Result<(RequestTicket, usize), Error> {
     let req = store.begin_request();
     let t0 = Instant::now();
@@ -325,7 +377,7 @@ pub(crate) fn lookup<'s, E: EvictionPolicy>(
         guard,
         held,
     )?;
-    lat.push(t0.elapsed().as_nanos() as u64);
+    lat.push((t0.elapsed().as_nanos() as u64, hits as u32));
     Ok((req, hits))
 }
 

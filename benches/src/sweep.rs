@@ -1,10 +1,11 @@
-//! Sweeps of block hit ratio against capacity, as a table and an SVG plot.
+//! Sweeps of block hit ratio against capacity, as a table and an SVG plot,
+//! and the replay's tables.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::replay::ReplayReport;
+use crate::replay::{HIT_BUCKETS, ReplayReport};
 
 /// Formats reports as an aligned text table.
 pub fn table(reports: &[ReplayReport]) -> String {
@@ -25,6 +26,31 @@ pub fn table(reports: &[ReplayReport]) -> String {
             r.p99_lookup_us,
             r.seconds
         ));
+    }
+    out
+}
+
+/// `lookup_prefix` latency by blocks hit: per policy and capacity, each
+/// hit range's lookups and their p50 / p99 microseconds.
+pub fn by_hits_table(reports: &[ReplayReport]) -> String {
+    let mut out = String::from("lookup_prefix latency by blocks hit: lookups, p50 / p99 us\n");
+    out.push_str("policy    capacity");
+    for &(lo, hi) in &HIT_BUCKETS {
+        let range = match (lo, hi) {
+            (lo, hi) if lo == hi => format!("{lo}"),
+            (lo, u32::MAX) => format!("{lo}+"),
+            (lo, hi) => format!("{lo}-{hi}"),
+        };
+        out.push_str(&format!("  {range:>20}"));
+    }
+    out.push('\n');
+    for r in reports {
+        out.push_str(&format!("{:<9} {:>8}", r.policy, r.capacity_blocks));
+        for b in &r.by_hits {
+            let cell = format!("{} {:.2}/{:.2}", b.lookups, b.p50_us, b.p99_us);
+            out.push_str(&format!("  {cell:>20}"));
+        }
+        out.push('\n');
     }
     out
 }
