@@ -36,6 +36,14 @@ pub fn model<F: Fn() + Sync + Send + 'static>(f: F) {
     model_with_preemptions(None, f)
 }
 
+/// [`model`] with no preemption bound, whatever `LOOM_MAX_PREEMPTIONS`
+/// says: for small models whose race needs more preemptions than CI's
+/// bound of 3 (loom counts a switch at every operation of the racing
+/// sequence) and which stay cheap exhaustively.
+pub fn model_unbounded<F: Fn() + Sync + Send + 'static>(f: F) {
+    model_with_preemptions(Some(usize::MAX), f)
+}
+
 /// [`model`], exploring at most `cap` preemptions per execution (or fewer,
 /// if `LOOM_MAX_PREEMPTIONS` says so). For models whose core race is proven
 /// at the full bound by a smaller model, and which would otherwise take
@@ -52,8 +60,13 @@ pub fn model_with_preemptions<F: Fn() + Sync + Send + 'static>(cap: Option<usize
     #[cfg(kvslice_loom)]
     {
         let mut builder = loom::model::Builder::new();
-        if let Some(cap) = cap {
-            builder.preemption_bound = Some(builder.preemption_bound.map_or(cap, |b| b.min(cap)));
+        match cap {
+            Some(usize::MAX) => builder.preemption_bound = None,
+            Some(cap) => {
+                builder.preemption_bound =
+                    Some(builder.preemption_bound.map_or(cap, |b| b.min(cap)));
+            }
+            None => {}
         }
         builder.check(counted);
     }

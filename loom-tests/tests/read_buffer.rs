@@ -6,7 +6,7 @@
 
 use kvslice_core::evict::{Access, ReadBuffer};
 use kvslice_core::{PageEvent, PageId};
-use kvslice_loom_tests::{Arc, Mutex, model, thread};
+use kvslice_loom_tests::{Arc, Mutex, model, model_unbounded, thread};
 
 fn hit(page: u32) -> Access {
     Access::Hit(PageEvent {
@@ -106,6 +106,31 @@ fn claims_of_many_race_single_records_and_drain() {
         pages.sort_unstable();
         pages.dedup();
         assert_eq!(pages.len(), seen.len(), "a record delivered twice");
+    });
+}
+
+/// `settled` racing a drainer: a recorder that finds its request settled
+/// must find its record applied, even though the drainer moves `head`
+/// past a batch before it applies the batch. Unbounded: the race (record,
+/// the drainer up to its `head` store, then `settled`) takes more
+/// preemptions than CI's bound, and the whole model is a few dozen
+/// executions.
+#[test]
+fn settled_means_applied() {
+    model_unbounded(|| {
+        let buf = Arc::new(ReadBuffer::new(1, 2));
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let drainer = {
+            let (buf, applied) = (buf.clone(), applied.clone());
+            thread::spawn(move || {
+                buf.try_drain(&mut |b| applied.lock().unwrap().extend_from_slice(b));
+            })
+        };
+        assert!(buf.record(hit(5)));
+        if buf.settled(1) {
+            assert_eq!(*applied.lock().unwrap(), [hit(5)], "settled, not applied");
+        }
+        drainer.join().unwrap();
     });
 }
 

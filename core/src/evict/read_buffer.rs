@@ -218,6 +218,30 @@ impl ReadBuffer {
         true
     }
 
+    /// Whether every record of `request` made so far (on this thread, or
+    /// before a hand-off to it) has been applied: its stripe is empty and
+    /// no drain is under way. A drainer moves `head` past records before it
+    /// applies them, so an empty stripe alone is not enough; but seeing a
+    /// drainer's `head` (Acquire) and then the drain flag clear means that
+    /// drainer has finished applying.
+    ///
+    /// ```
+    /// use kvslice_core::evict::{Access, ReadBuffer};
+    ///
+    /// let buf = ReadBuffer::new(2, 4);
+    /// assert!(buf.settled(7));
+    /// buf.record(Access::End { request: 7 });
+    /// assert!(!buf.settled(7));
+    /// assert!(buf.settled(8), "another stripe");
+    /// buf.drain(&mut |_| {});
+    /// assert!(buf.settled(7));
+    /// ```
+    pub fn settled(&self, request: u64) -> bool {
+        let stripe = &self.stripes[request as usize & self.stripe_mask];
+        stripe.head.load(Ordering::Acquire) == stripe.tail.load(Ordering::Relaxed)
+            && !self.draining.load(Ordering::Acquire)
+    }
+
     /// Records dropped so far.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

@@ -536,8 +536,13 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         {
             return Err(Error::InvalidValue("parent page from another store"));
         }
-        // The policy sees this request's hits before its insert.
-        self.drain_reads();
+        // The policy sees this request's hits before its insert; usually
+        // `allocate` has applied them already.
+        if let Some(reads) = &self.reads
+            && !reads.settled(request.serial)
+        {
+            reads.drain(&mut |batch| self.policy.on_accesses(batch));
+        }
         let mut extends_leaf = false;
         if let Some(p) = parent {
             let pm = self.meta(p.handle().id());
