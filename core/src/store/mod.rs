@@ -69,6 +69,10 @@ const READ_STRIPES: usize = 1;
 #[cfg(kvslice_loom)]
 const READ_SLOTS: usize = 2;
 
+/// Keys whose map reads a lookup issues together before taking their
+/// references.
+const LOOKAHEAD: usize = 16;
+
 /// One read-buffer stripe per core the process may use (2 to 64), so
 /// concurrent lookups seldom race for a stripe, and no more: every stripe
 /// is memory the hit path writes, and on two cores eight stripes' 128 KiB
@@ -307,21 +311,36 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         let mut hits = 0usize;
         let mut hit_tokens = 0u64;
         let mut recorder = self.recorder();
-        for key in keys {
-            let Some(handle) = self.map.get(key, guard)? else {
+        let mut found = [PageHandle::from_bits(0); LOOKAHEAD];
+        'chunks: for chunk in keys.chunks(LOOKAHEAD) {
+            // A chunk's map reads first: they do not depend on each other,
+            // so their cache misses overlap, where between references'
+            // compare-and-swaps (locked, so later loads wait for them)
+            // each would wait for the one before.
+            let mut n = 0;
+            for key in chunk {
+                match self.map.get(key, guard)? {
+                    Some(handle) => found[n] = handle,
+                    None => break,
+                }
+                n += 1;
+            }
+            for (key, &handle) in chunk.iter().zip(&found[..n]) {
+                let Ok(page) = self.pool.try_acquire(handle) else {
+                    break 'chunks;
+                };
+                hit_tokens += u64::from(self.meta(handle.id()).valid_tokens());
+                recorder.push(Access::Hit(self.event(handle.id(), key, serial)));
+                out.push(page);
+                hits += 1;
+            }
+            if let Some(missed) = chunk.get(n) {
                 recorder.push(Access::Miss {
-                    fingerprint: fingerprint(key),
+                    fingerprint: fingerprint(missed),
                     request: serial,
                 });
                 break;
-            };
-            let Ok(page) = self.pool.try_acquire(handle) else {
-                break;
-            };
-            hit_tokens += u64::from(self.meta(handle.id()).valid_tokens());
-            recorder.push(Access::Hit(self.event(handle.id(), key, serial)));
-            out.push(page);
-            hits += 1;
+            }
         }
         drop(recorder);
         self.stats.add(spread, Count::Lookups, 1);
