@@ -76,8 +76,8 @@ const LOOKAHEAD: usize = 16;
 /// One read-buffer stripe per core the process may use (2 to 64), so
 /// concurrent lookups seldom race for a stripe, and no more: every stripe
 /// is memory the hit path writes, and on two cores eight stripes' 128 KiB
-/// fell out of cache between lookups (p99 lookup 1.31 us against 1.04 us
-/// with two, on the conversation trace at 1k blocks).
+/// fell out of cache between lookups (p99 lookup 1.25-1.43 us against
+/// 1.08-1.10 us with two, on the conversation trace at 1k blocks).
 fn read_stripes() -> usize {
     #[cfg(all(feature = "std", not(kvslice_loom)))]
     {
