@@ -17,6 +17,17 @@ fn hit(page: u32) -> Access {
     })
 }
 
+/// Collected records, shared with the threads that drain them.
+type Seen = Arc<Mutex<Vec<Access>>>;
+
+/// A thread that drains `buf` once into `seen`, unless another drains.
+fn spawn_try_drain(buf: &Arc<ReadBuffer>, seen: &Seen) -> thread::JoinHandle<()> {
+    let (buf, seen) = (buf.clone(), seen.clone());
+    thread::spawn(move || {
+        buf.try_drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
+    })
+}
+
 /// Two recorders (two records each, one stripe of two slots, so the stripe
 /// fills and writers race for positions) against a drainer, then a final
 /// drain: delivered + dropped = recorded, no record delivered twice or torn.
@@ -31,12 +42,7 @@ fn records_race_drain() {
                 thread::spawn(move || (0..2u32).filter(|i| buf.record(hit(w * 10 + i))).count())
             })
             .collect();
-        let drainer = {
-            let (buf, seen) = (buf.clone(), seen.clone());
-            thread::spawn(move || {
-                buf.try_drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
-            })
-        };
+        let drainer = spawn_try_drain(&buf, &seen);
         let recorded: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
         drainer.join().unwrap();
         buf.drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
@@ -76,12 +82,7 @@ fn claims_of_many_race_single_records_and_drain() {
                 buf.record(hit(4));
             })
         };
-        let drainer = {
-            let (buf, seen) = (buf.clone(), seen.clone());
-            thread::spawn(move || {
-                buf.try_drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
-            })
-        };
+        let drainer = spawn_try_drain(&buf, &seen);
         let pair_in = pair.join().unwrap();
         single.join().unwrap();
         drainer.join().unwrap();
@@ -120,12 +121,7 @@ fn settled_means_applied() {
     model_unbounded(|| {
         let buf = Arc::new(ReadBuffer::new(1, 2));
         let applied = Arc::new(Mutex::new(Vec::new()));
-        let drainer = {
-            let (buf, applied) = (buf.clone(), applied.clone());
-            thread::spawn(move || {
-                buf.try_drain(&mut |b| applied.lock().unwrap().extend_from_slice(b));
-            })
-        };
+        let drainer = spawn_try_drain(&buf, &applied);
         assert!(buf.record(hit(5)));
         if buf.settled(1) {
             assert_eq!(*applied.lock().unwrap(), [hit(5)], "settled, not applied");
@@ -145,12 +141,7 @@ fn drainers_exclude_each_other() {
             let buf = buf.clone();
             thread::spawn(move || assert!(buf.record(hit(7))))
         };
-        let other = {
-            let (buf, seen) = (buf.clone(), seen.clone());
-            thread::spawn(move || {
-                buf.try_drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
-            })
-        };
+        let other = spawn_try_drain(&buf, &seen);
         buf.drain(&mut |b| seen.lock().unwrap().extend_from_slice(b));
         writer.join().unwrap();
         other.join().unwrap();

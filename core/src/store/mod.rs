@@ -557,10 +557,12 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         }
         // The policy sees this request's hits before its insert; usually
         // `allocate` has applied them already.
-        if let Some(reads) = &self.reads
-            && !reads.settled(request.serial)
+        if self
+            .reads
+            .as_ref()
+            .is_some_and(|r| !r.settled(request.serial))
         {
-            reads.drain(&mut |batch| self.policy.on_accesses(batch));
+            self.drain_reads();
         }
         let mut extends_leaf = false;
         if let Some(p) = parent {
