@@ -618,6 +618,7 @@ mod ideal_kernel {
         _: KvDtype,
         _: &[f32],
         keys: &[&[u8]],
+        _: &[f32],
         weights: &mut [f32],
         state: SoftmaxState<'_>,
         ahead: &[&[u8]],
@@ -897,7 +898,7 @@ fn four_row_kernels(c: &mut Criterion) {
                         sum: &mut sum,
                         rescale: &mut rescale,
                     };
-                    scores_softmax(KvDtype::F16, &q, keys, &mut w, state, &next);
+                    scores_softmax(KvDtype::F16, &q, keys, &[], &mut w, state, &next);
                     black_box(&w);
                 })
             });

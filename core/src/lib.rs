@@ -87,11 +87,14 @@ pub use evict::{
     TinyLfuPolicy,
 };
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
-pub use layout::{HeadShard, KeyOrder, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec};
+pub use layout::{
+    F8E4M3_MAX, HeadShard, I8_MAX, KeyOrder, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec,
+    f8e4m3_from_f32, f8e4m3_to_f32,
+};
 pub use map::{MapCensus, SliceMap};
 pub use page::{
     KEY_LIMIT, KvRows, KvRowsMut, KvWrite, PageBuf, PageGeometry, PageId, PageMemory,
-    PageMemoryMut, WriteShape, read_head_rows, write_kv,
+    PageMemoryMut, ScaledRows, WriteShape, read_head_rows, write_kv,
 };
 pub use pool::{
     AllocMany, Evicting, FillToken, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef,

@@ -204,6 +204,7 @@ fn typed_views_cover_each_head_region() {
                         KvRowsMut::F32(x) => x.fill(value),
                         KvRowsMut::F16(x) => x.fill(f16::from_f32(value)),
                         KvRowsMut::Bf16(x) => x.fill(bf16::from_f32(value)),
+                        KvRowsMut::Scaled { .. } => unreachable!("an unscaled layout"),
                     }
                 }
             }
@@ -238,6 +239,55 @@ fn typed_views_cover_each_head_region() {
             want.extend(std::iter::repeat_n(v as f32, 24));
         }
         assert_eq!(decoded, want);
+    }
+}
+
+/// Scaled dtypes: the codes and scales of every head region are their own,
+/// and a view decodes each element with its token's scale.
+#[test]
+fn scaled_views_pair_codes_with_their_tokens_scales() {
+    use kvslice_core::{KeyOrder, KvPart, KvRows, KvRowsMut};
+    for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
+        let l = KvLayout::new(LayoutSpec::new(2, 4, 2, 8, 3, KvDtype::I8).with_key_order(order))
+            .unwrap();
+        let pool = PagePool::new(l, 1).unwrap();
+        let mut w = pool.alloc().unwrap();
+        let mut n = 0.0f32;
+        for layer in 0..2 {
+            for part in [KvPart::K, KvPart::V] {
+                for head in 0..2 {
+                    n += 1.0;
+                    let KvRowsMut::Scaled { codes, scales, .. } =
+                        w.rows_mut(part, layer, head).unwrap()
+                    else {
+                        panic!("int8 rows are scaled");
+                    };
+                    assert_eq!((codes.len(), scales.len()), (24, 3));
+                    codes.fill(2);
+                    // Token t of this region has scale n · (t + 1).
+                    for (t, s) in scales.iter_mut().enumerate() {
+                        *s = n * (t + 1) as f32;
+                    }
+                }
+            }
+        }
+        let r = w.publish();
+        let mut n = 0.0f32;
+        for layer in 0..2 {
+            for part in [KvPart::K, KvPart::V] {
+                for head in 0..2 {
+                    n += 1.0;
+                    let KvRows::Scaled(rows) = r.rows(part, layer, head).unwrap() else {
+                        panic!("int8 rows are scaled");
+                    };
+                    let dim_major = part == KvPart::K && order == KeyOrder::DimMajor;
+                    for i in 0..24 {
+                        let t = if dim_major { i % 3 } else { i / 8 };
+                        assert_eq!(rows.get_f32(i), Some(2.0 * n * (t + 1) as f32));
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -68,6 +68,7 @@ fn windows_match_naive_f64() {
     let n = window_suite_on(
         &ReferenceEngine,
         &[KeyOrder::TokenMajor, KeyOrder::DimMajor],
+        &KvDtype::ALL,
         |p| p.clone(),
     );
     assert!(n > 100, "{n} checks");
@@ -120,15 +121,12 @@ fn windows_refuse_zero_and_placeholders_they_need() {
 )]
 fn decode_matches_naive_f64() {
     for (i, bt) in [1u32, 16, 7].into_iter().enumerate() {
-        for (j, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
-            .into_iter()
-            .enumerate()
-        {
+        for (j, dtype) in KvDtype::ALL.into_iter().enumerate() {
             check(
                 dtype,
                 bt,
                 &[(1, 1), (33, 1), (16, 1), (70, 1)],
-                (i * 3 + j) as u64,
+                (i * 5 + j) as u64,
             );
         }
     }
@@ -141,16 +139,13 @@ fn decode_matches_naive_f64() {
 )]
 fn causal_prefill_matches_naive_f64() {
     for (i, bt) in [1u32, 16, 7].into_iter().enumerate() {
-        for (j, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
-            .into_iter()
-            .enumerate()
-        {
+        for (j, dtype) in KvDtype::ALL.into_iter().enumerate() {
             // Full prefill, prefill after a cached prefix, and a mix with decode.
             check(
                 dtype,
                 bt,
                 &[(20, 20), (45, 13), (9, 1), (17, 16)],
-                100 + (i * 3 + j) as u64,
+                100 + (i * 5 + j) as u64,
             );
         }
     }

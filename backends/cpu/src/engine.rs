@@ -9,7 +9,7 @@ use kvslice_core::{
     PageMemoryMut, Result, SeqAttention, write_kv,
 };
 
-use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels};
+use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, raw_scale};
 
 /// Paged attention on the CPU with SIMD kernels and threads.
 ///
@@ -458,6 +458,9 @@ struct Scratch {
     /// One block of dim-major keys widened as stored, to be transposed
     /// into `widened`.
     block: Vec<f32>,
+    /// A scaled dtype's scales of one head's K or V rows of the current
+    /// span, times [`raw_scale`].
+    scales: Vec<f32>,
 }
 
 /// One kv head's part of a task: where its query rows (token-major, then
@@ -468,6 +471,9 @@ struct HeadWork {
     part: Partials,
     k: std::ops::Range<usize>,
     v: std::ops::Range<usize>,
+    /// Where the scales of its K and V rows sit (scaled dtypes).
+    k_scales: Option<std::ops::Range<usize>>,
+    v_scales: Option<std::ops::Range<usize>>,
 }
 
 impl CpuEngine {
@@ -523,6 +529,7 @@ impl CpuEngine {
         let mut heads = Vec::with_capacity(t.heads as usize);
         // Taken out of the scratch so that the blocks can borrow both.
         let mut q = std::mem::take(&mut scratch.q);
+        let mut scales = std::mem::take(&mut scratch.scales);
         q.clear();
         for kv_head in t.kv_head..t.kv_head + t.heads {
             // Token-major puts the rows a causal block can see in one suffix.
@@ -538,6 +545,8 @@ impl CpuEngine {
                 part: Partials::new(rows, hd),
                 k: bytes(layout.head_region(KvPart::K, shape.layer_in_group, kv_head)?),
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
+                k_scales: layout.scale_region(KvPart::K, shape.layer_in_group, kv_head)?,
+                v_scales: layout.scale_region(KvPart::V, shape.layer_in_group, kv_head)?,
             });
         }
         // Rows that see every key of several small blocks take them as one
@@ -634,6 +643,24 @@ impl CpuEngine {
                 }
                 segs
             };
+            // The scales of the span's rows in each block's scale region
+            // `r` (none for an unscaled dtype), times the raw factor.
+            let raw = raw_scale(layout.dtype());
+            let fill_scales = |r: &Option<std::ops::Range<usize>>, out: &mut Vec<f32>| {
+                out.clear();
+                let Some(r) = r else { return };
+                for (i, page) in span.as_slice().iter().enumerate() {
+                    let block_start = (pos / bt + i) * bt;
+                    let from = pos.max(block_start) - block_start;
+                    let upto = end.min(block_start + bt) - block_start;
+                    let bytes = &page[r.start + 4 * from..r.start + 4 * upto];
+                    out.extend(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| raw * f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    );
+                }
+            };
             // Region `r` of every page of `span` (whole, for prefetching).
             let whole = |span: &Regions<'a>, r: &std::ops::Range<usize>| {
                 let mut regions = Regions::default();
@@ -657,10 +684,12 @@ impl CpuEngine {
                     cut(&heads[i].k)
                 };
                 let ahead = whole(&span, ahead);
+                fill_scales(&heads[i].k_scales, &mut scales);
                 let h = &mut heads[i];
                 let keys = Block {
                     segs: segs.as_slice(),
                     ahead: ahead.as_slice(),
+                    scales: &scales,
                     slot: i,
                     pos,
                     n,
@@ -684,10 +713,12 @@ impl CpuEngine {
                     (None, None) => Regions::default(),
                 };
                 let segs = cut(&heads[i].v);
+                fill_scales(&heads[i].v_scales, &mut scales);
                 let h = &mut heads[i];
                 let values = Block {
                     segs: segs.as_slice(),
                     ahead: ahead.as_slice(),
+                    scales: &scales,
                     slot: i,
                     pos,
                     n,
@@ -703,6 +734,7 @@ impl CpuEngine {
             end = next_end;
         }
         scratch.q = q;
+        scratch.scales = scales;
         Ok(heads.into_iter().map(|h| h.part).collect())
     }
 
@@ -780,7 +812,7 @@ impl CpuEngine {
                 sum: &mut part.sum[first..],
                 rescale,
             };
-            scores_softmax(dtype, q, keys.segs, scores, state, keys.ahead);
+            scores_softmax(dtype, q, keys.segs, keys.scales, scores, state, keys.ahead);
         } else {
             let widened = &mut widened[..n * hd];
             self.scores_then_softmax(
@@ -830,6 +862,13 @@ impl CpuEngine {
             let ahead = keys.widen(k, dtype, widened, block);
             (k.scores)(q, live, widened, n, scores, ahead);
         }
+        // A scaled dtype's keys were read raw: each key's scores times its
+        // scale.
+        if !keys.scales.is_empty() {
+            for row in scores[..live * n].chunks_exact_mut(n) {
+                row.iter_mut().zip(keys.scales).for_each(|(x, s)| *x *= s);
+            }
+        }
         // One softmax call for the rows that see the whole block, one per
         // row on the causal diagonal or a window's edge, where the hidden
         // scores get weight 0.
@@ -875,10 +914,25 @@ impl CpuEngine {
         let dtype = layout.dtype();
         let (rows, n, first) = (part.max.len(), values.n, values.first);
         let live = rows - first;
-        let weights = &scratch.weights[values.weights(rows, scratch.slot_len)];
+        let weights = &mut scratch.weights[values.weights(rows, scratch.slot_len)];
         let acc = &mut part.acc[first * hd..];
         let four = self.four_row_kernels(hd);
-        if let Some(fk) = four.filter(|_| scratch.key_major[values.slot]) {
+        let key_major = scratch.key_major[values.slot];
+        // A scaled dtype's values are read raw: each value's scale goes
+        // into its weights, which nothing reads after this.
+        if !values.scales.is_empty() {
+            if key_major {
+                for (w, s) in weights.chunks_exact_mut(4).zip(values.scales) {
+                    w.iter_mut().for_each(|x| *x *= s);
+                }
+            } else {
+                for row in weights.chunks_exact_mut(n) {
+                    row.iter_mut().zip(values.scales).for_each(|(x, s)| *x *= s);
+                }
+            }
+        }
+        let weights = &*weights;
+        if let Some(fk) = four.filter(|_| key_major) {
             debug_assert_eq!(live, 4, "key-major weights hold four rows");
             (fk.weighted_sum)(dtype, weights, values.segs, acc, values.ahead);
             return;
@@ -950,6 +1004,9 @@ impl<'a> Regions<'a> {
 struct Block<'a> {
     segs: &'a [&'a [u8]],
     ahead: &'a [&'a [u8]],
+    /// A scaled dtype's `n` row scales times [`raw_scale`] (else empty):
+    /// the kernels read its codes raw.
+    scales: &'a [f32],
     /// The head's index in the task (its slot of [`Scratch::weights`]).
     slot: usize,
     /// Position of the first key.

@@ -28,4 +28,6 @@ mod kernels;
 pub mod work_sharing;
 
 pub use engine::{BUILDER_LIMIT, CpuEngine};
-pub use kernels::{FourRowKernels, Kernels, SPLIT_512_NAME, SoftmaxState, StoredKernels};
+pub use kernels::{
+    FourRowKernels, Kernels, SPLIT_512_NAME, SoftmaxState, StoredKernels, raw_scale,
+};

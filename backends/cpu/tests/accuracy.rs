@@ -32,7 +32,12 @@ fn every_kernel_set_passes_the_window_suite() {
     let wanted = |k: &Kernels| required.as_deref().is_none_or(|r| r == k.name);
     let orders = [KeyOrder::TokenMajor, KeyOrder::DimMajor];
     for k in Kernels::supported().into_iter().filter(wanted) {
-        let n = window_suite_on(&CpuEngine::new().with_kernels(k), &orders, |p| p.clone());
+        let n = window_suite_on(
+            &CpuEngine::new().with_kernels(k),
+            &orders,
+            &KvDtype::ALL,
+            |p| p.clone(),
+        );
         println!("kernels: {} windows: {n} checks", k.name);
         assert!(n > 100);
     }
@@ -344,12 +349,13 @@ fn dim_major_decode_takes_the_dim_major_kernel() {
         dtype: KvDtype,
         q: &[f32],
         keys: &[&[u8]],
+        scales: &[f32],
         w: &mut [f32],
         state: SoftmaxState<'_>,
         ahead: &[&[u8]],
     ) {
         CALLS.fetch_add(1, Ordering::Relaxed);
-        (INNER.get().unwrap().scores_softmax_dim_major)(dtype, q, keys, w, state, ahead);
+        (INNER.get().unwrap().scores_softmax_dim_major)(dtype, q, keys, scales, w, state, ahead);
     }
     let Some(mut set) = Kernels::supported()
         .into_iter()

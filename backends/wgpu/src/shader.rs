@@ -112,6 +112,7 @@ pub(crate) fn source(key: &ShaderKey) -> String {
                      atomicAnd(&pool{i}[e >> 1u], ~(0xffffu << sh)); \
                      atomicOr(&pool{i}[e >> 1u], bits << sh);"
                 }
+                KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("DevicePages refuses scaled dtypes"),
             };
             chunk_switch(&mut s, key.chunks, "fn put(c: u32, e: u32, i: u32)", body);
             s.push_str(WRITE_KV);
@@ -178,6 +179,7 @@ fn loads(dtype: KvDtype, head_dim: u32) -> &'static str {
             "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }\n\
              fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
         }
+        (KvDtype::I8 | KvDtype::F8E4M3, _) => unreachable!("DevicePages refuses scaled dtypes"),
     }
 }
 

@@ -8,6 +8,9 @@
 //! `KVSLICE_REQUIRE_GPU=1` (CI sets it), which turns that into a failure.
 
 use kvslice_core::testkit::{Rng, Scenario, accuracy_suite_on, max_rel_err, window_suite_on};
+/// The dtypes the wgpu engine stores (not yet the scaled 8-bit ones).
+const UNSCALED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+
 use kvslice_core::{
     AttentionBatch, AttentionEngine, DeviceFailure, Error, KeyOrder, KvDtype, KvLayout, KvWrite,
     LayoutSpec, PageBuf, PageGeometry, PageId, ReferenceEngine, SeqAttention,
@@ -24,7 +27,7 @@ fn suite_passes() {
         return;
     };
     println!("native f16: {}", e.native_f16());
-    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], |host| {
+    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
         e.upload(host).expect("upload")
     });
     assert!(n > 100, "{n} checks");
@@ -39,7 +42,7 @@ fn window_suite_passes() {
         return;
     };
     let suite = |e: &WgpuEngine| {
-        let n = window_suite_on(e, &[KeyOrder::TokenMajor], |host| {
+        let n = window_suite_on(e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
             e.upload(host).expect("upload")
         });
         assert!(n > 100, "{n} checks");
@@ -55,7 +58,7 @@ fn suite_passes_with_unpacked_f16_and_pages_over_many_bindings() {
     };
     // Force the unpack path and small splits (many workgroups per tile).
     let e = e.with_native_f16(false).with_target_workgroups(100_000);
-    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], |host| {
+    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
         // About six bindings per memory, so chunk selection is exercised.
         let per = host.num_pages().div_ceil(6).max(1);
         let mut pages = e
@@ -161,6 +164,19 @@ fn dim_major_keys_are_a_typed_error() {
     assert!(matches!(e.pages(layout, 2), Err(Error::Unsupported(_))));
     let host = PageBuf::new(layout, 2).unwrap();
     assert!(matches!(e.upload(&host), Err(Error::Unsupported(_))));
+}
+
+#[test]
+fn scaled_dtypes_are_a_typed_error() {
+    let Some(e) = engine("scaled_dtypes") else {
+        return;
+    };
+    for dtype in [KvDtype::I8, KvDtype::F8E4M3] {
+        let layout = KvLayout::new(LayoutSpec::new(1, 4, 1, 8, 16, dtype)).unwrap();
+        assert!(matches!(e.pages(layout, 2), Err(Error::Unsupported(_))));
+        let host = PageBuf::new(layout, 2).unwrap();
+        assert!(matches!(e.upload(&host), Err(Error::Unsupported(_))));
+    }
 }
 
 #[test]

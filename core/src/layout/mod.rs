@@ -5,14 +5,19 @@
 //! `[layer in group][K | V][kv head in shard][token][head_dim]`, so one
 //! head's keys for a block are a contiguous `block_tokens × head_dim` matrix;
 //! with [`KeyOrder::DimMajor`] that matrix of keys is stored transposed,
-//! `[head_dim][token]` (values keep `[token][head_dim]`).
+//! `[head_dim][token]` (values keep `[token][head_dim]`). Scaled 8-bit
+//! dtypes ([`KvDtype::is_scaled`]) add a scale section after the values,
+//! 4-byte aligned: one f32 per row, `[layer in group][K | V][kv head in
+//! shard][token]`.
 
 mod dtype;
+mod quant;
 mod shard;
 
 use core::ops::Range;
 
 pub use dtype::KvDtype;
+pub use quant::{F8E4M3_MAX, I8_MAX, f8e4m3_from_f32, f8e4m3_to_f32};
 pub use shard::HeadShard;
 
 use crate::error::{Error, Result, check_index};
@@ -166,6 +171,8 @@ pub struct KvLayout {
     /// Elements between consecutive layers of a group.
     layer_stride: usize,
     page_elems: usize,
+    /// Where the scale section starts (bytes; `page_bytes` when unscaled).
+    scales_start: usize,
     page_bytes: usize,
 }
 
@@ -212,7 +219,20 @@ impl KvLayout {
         let part_stride = mul(head_stride, max_shard_heads, "K/V stride")?;
         let layer_stride = mul(part_stride, 2, "layer stride")?;
         let page_elems = mul(layer_stride, layers_per_group, "page elements")?;
-        let page_bytes = mul(page_elems, spec.dtype.size_bytes() as u32, "page bytes")?;
+        let values_bytes = mul(page_elems, spec.dtype.size_bytes() as u32, "page bytes")?;
+        let (scales_start, page_bytes) = if spec.dtype.is_scaled() {
+            // One f32 per row of head_dim values, after the values.
+            let start = values_bytes
+                .checked_next_multiple_of(4)
+                .ok_or(Error::Overflow("page bytes"))?;
+            let scales = mul(page_elems / spec.head_dim as usize, 4, "page bytes")?;
+            let total = start
+                .checked_add(scales)
+                .ok_or(Error::Overflow("page bytes"))?;
+            (start, total)
+        } else {
+            (values_bytes, values_bytes)
+        };
         if page_bytes > isize::MAX as usize {
             return Err(Error::Overflow("page bytes"));
         }
@@ -225,6 +245,7 @@ impl KvLayout {
             part_stride,
             layer_stride,
             page_elems,
+            scales_start,
             page_bytes,
         })
     }
@@ -281,9 +302,40 @@ impl KvLayout {
     pub fn page_elems(&self) -> usize {
         self.page_elems
     }
-    /// Bytes in one page.
+    /// Bytes in one page (values, and scales for a scaled dtype).
     pub fn page_bytes(&self) -> usize {
         self.page_bytes
+    }
+
+    /// Byte range, inside a page, of the `block_tokens` f32 scales of one
+    /// head's rows of `part` (little-endian, token order whatever the key
+    /// order), or `None` for an unscaled dtype.
+    ///
+    /// ```
+    /// use kvslice_core::{KvDtype, KvLayout, KvPart, LayoutSpec};
+    ///
+    /// // 1 layer, 2 kv heads of 128, blocks of 16 tokens, int8.
+    /// let l = KvLayout::new(LayoutSpec::new(1, 8, 2, 128, 16, KvDtype::I8))?;
+    /// let values = 2 * 2 * 16 * 128; // K and V, 2 heads, 16 tokens
+    /// assert_eq!(l.page_bytes(), values + 2 * 2 * 16 * 4);
+    /// assert_eq!(l.scale_region(KvPart::V, 0, 1)?, Some(values + 3 * 64..values + 4 * 64));
+    /// // Half of an f16 page and 3% more: 1.94x the tokens in the same memory.
+    /// let f16 = KvLayout::new(LayoutSpec::new(1, 8, 2, 128, 16, KvDtype::F16))?;
+    /// assert_eq!(f16.page_bytes() * 1000 / l.page_bytes(), 1939);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn scale_region(
+        &self,
+        part: KvPart,
+        layer_in_group: u32,
+        head_in_shard: u32,
+    ) -> Result<Option<Range<usize>>> {
+        let region = self.head_region(part, layer_in_group, head_in_shard)?;
+        if !self.spec.dtype.is_scaled() {
+            return Ok(None);
+        }
+        let start = self.scales_start + 4 * (region.start / self.spec.head_dim as usize);
+        Ok(Some(start..start + 4 * self.spec.block_tokens as usize))
     }
 
     /// The layer group holding `layer`, and the layer's index inside it.

@@ -39,6 +39,9 @@ pub fn read_head_rows<M: PageMemory + ?Sized>(
     let es = layout.dtype().size_bytes();
     let bytes = memory.page(page)?;
     let start = region.start * es;
+    if let Some(sr) = layout.scale_region(part, layer_in_group, head_in_shard)? {
+        return read_scaled_rows(layout, bytes, part, start, &bytes[sr], out);
+    }
     if part == KvPart::K && layout.key_order() == KeyOrder::DimMajor {
         // A column of the stored matrix per row: element by element.
         for (i, x) in out.iter_mut().enumerate() {
@@ -52,6 +55,31 @@ pub fn read_head_rows<M: PageMemory + ?Sized>(
     layout
         .dtype()
         .decode_row(&bytes[start..start + out.len() * es], out)
+}
+
+/// [`read_head_rows`] for a scaled dtype: each row's codes times its scale.
+fn read_scaled_rows(
+    layout: &KvLayout,
+    page: &[u8],
+    part: KvPart,
+    start: usize,
+    scales: &[u8],
+    out: &mut [f32],
+) -> Result<()> {
+    let hd = layout.head_dim() as usize;
+    let dtype = layout.dtype();
+    let mut codes = [0u8; 64];
+    for (t, row) in out.chunks_exact_mut(hd).enumerate() {
+        let scale = f32::from_le_bytes(scales[4 * t..4 * t + 4].try_into().expect("4 bytes"));
+        for (c0, chunk) in row.chunks_mut(codes.len()).enumerate() {
+            let codes = &mut codes[..chunk.len()];
+            for (i, c) in codes.iter_mut().enumerate() {
+                *c = page[start + layout.elem_offset(part, t, c0 * 64 + i)];
+            }
+            dtype.dequantize_row(codes, scale, chunk)?;
+        }
+    }
+    Ok(())
 }
 
 /// The largest magnitude a key may have: with queries bounded to match, a
@@ -228,6 +256,7 @@ pub fn write_kv<M: PageMemoryMut + ?Sized>(memory: &mut M, w: &KvWrite<'_>) -> R
     let row = heads * hd;
     let dtype = layout.dtype();
     let es = dtype.size_bytes();
+    let mut codes = alloc::vec![0u8; if dtype.is_scaled() { hd } else { 0 }];
     for t in 0..n {
         let pos = w.start + t;
         let page = memory.page_mut(w.block_table[pos / bt])?;
@@ -236,6 +265,15 @@ pub fn write_kv<M: PageMemoryMut + ?Sized>(memory: &mut M, w: &KvWrite<'_>) -> R
             for (part, src) in [(KvPart::K, w.k), (KvPart::V, w.v)] {
                 let region = layout.head_region(part, layer_in_group, h as u32)?;
                 let values = &src[t * row + h * hd..t * row + (h + 1) * hd];
+                if let Some(sr) = layout.scale_region(part, layer_in_group, h as u32)? {
+                    let scale = dtype.quantize_row(values, &mut codes)?;
+                    page[sr.start + 4 * slot..sr.start + 4 * slot + 4]
+                        .copy_from_slice(&scale.to_le_bytes());
+                    for (d, &c) in codes.iter().enumerate() {
+                        page[region.start + layout.elem_offset(part, slot, d)] = c;
+                    }
+                    continue;
+                }
                 if part == KvPart::K && layout.key_order() == KeyOrder::DimMajor {
                     // A column of the stored matrix: element by element.
                     for (d, x) in values.iter().enumerate() {

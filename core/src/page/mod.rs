@@ -10,7 +10,7 @@ mod typed;
 
 pub use buf::PageBuf;
 pub use kv_io::{KEY_LIMIT, KvWrite, WriteShape, read_head_rows, write_kv};
-pub use typed::{KvRows, KvRowsMut};
+pub use typed::{KvRows, KvRowsMut, ScaledRows};
 pub(crate) use typed::{rows, rows_mut};
 
 use crate::error::Result;

@@ -18,6 +18,41 @@ pub enum KvRows<'a> {
     F16(&'a [f16]),
     /// bf16 storage.
     Bf16(&'a [bf16]),
+    /// A scaled 8-bit dtype: codes and one scale per token.
+    Scaled(ScaledRows<'a>),
+}
+
+/// One head's rows of a scaled dtype ([`KvDtype::is_scaled`]): the codes
+/// as stored and the `block_tokens` scales, token order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaledRows<'a> {
+    /// [`KvDtype::I8`] or [`KvDtype::F8E4M3`].
+    pub dtype: KvDtype,
+    /// `block_tokens × head_dim` codes (transposed for dim-major keys).
+    pub codes: &'a [u8],
+    /// One scale per token of the block.
+    pub scales: &'a [f32],
+    /// Whether the codes are stored `[head_dim][token]`.
+    pub dim_major: bool,
+}
+
+impl ScaledRows<'_> {
+    /// Element `i` (in storage order) as f32: its code times its token's
+    /// scale.
+    pub fn get_f32(&self, i: usize) -> Option<f32> {
+        let code = *self.codes.get(i)?;
+        let bt = self.scales.len();
+        let token = if self.dim_major {
+            i % bt
+        } else {
+            i / (self.codes.len() / bt)
+        };
+        let mut x = [0f32];
+        self.dtype
+            .dequantize_row(&[code], self.scales[token], &mut x)
+            .ok()?;
+        Some(x[0])
+    }
 }
 
 impl KvRows<'_> {
@@ -27,6 +62,7 @@ impl KvRows<'_> {
             KvRows::F32(x) => x.len(),
             KvRows::F16(x) => x.len(),
             KvRows::Bf16(x) => x.len(),
+            KvRows::Scaled(x) => x.codes.len(),
         }
     }
 
@@ -41,6 +77,7 @@ impl KvRows<'_> {
             KvRows::F32(x) => x.get(i).copied(),
             KvRows::F16(x) => x.get(i).map(|v| v.to_f32()),
             KvRows::Bf16(x) => x.get(i).map(|v| v.to_f32()),
+            KvRows::Scaled(x) => x.get_f32(i),
         }
     }
 }
@@ -54,6 +91,16 @@ pub enum KvRowsMut<'a> {
     F16(&'a mut [f16]),
     /// bf16 storage.
     Bf16(&'a mut [bf16]),
+    /// A scaled 8-bit dtype: `codes` as stored (see [`ScaledRows`]) and
+    /// one scale per token.
+    Scaled {
+        /// [`KvDtype::I8`] or [`KvDtype::F8E4M3`].
+        dtype: KvDtype,
+        /// The codes.
+        codes: &'a mut [u8],
+        /// The scales.
+        scales: &'a mut [f32],
+    },
 }
 
 fn region_bytes(
@@ -78,10 +125,19 @@ pub(crate) fn rows<'a>(
     head_in_shard: u32,
 ) -> Result<KvRows<'a>> {
     let bytes = &page[region_bytes(layout, part, layer_in_group, head_in_shard)?];
+    if let Some(sr) = layout.scale_region(part, layer_in_group, head_in_shard)? {
+        return Ok(KvRows::Scaled(ScaledRows {
+            dtype: layout.dtype(),
+            codes: bytes,
+            scales: <[f32]>::ref_from_bytes(&page[sr]).map_err(|_| MISALIGNED)?,
+            dim_major: part == KvPart::K && layout.key_order() == crate::KeyOrder::DimMajor,
+        }));
+    }
     Ok(match layout.dtype() {
         KvDtype::F32 => KvRows::F32(<[f32]>::ref_from_bytes(bytes).map_err(|_| MISALIGNED)?),
         KvDtype::F16 => KvRows::F16(<[f16]>::ref_from_bytes(bytes).map_err(|_| MISALIGNED)?),
         KvDtype::Bf16 => KvRows::Bf16(<[bf16]>::ref_from_bytes(bytes).map_err(|_| MISALIGNED)?),
+        KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("scaled dtypes have a scale region"),
     })
 }
 
@@ -93,10 +149,21 @@ pub(crate) fn rows_mut<'a>(
     layer_in_group: u32,
     head_in_shard: u32,
 ) -> Result<KvRowsMut<'a>> {
-    let bytes = &mut page[region_bytes(layout, part, layer_in_group, head_in_shard)?];
+    let region = region_bytes(layout, part, layer_in_group, head_in_shard)?;
+    if let Some(sr) = layout.scale_region(part, layer_in_group, head_in_shard)? {
+        // The scale section follows every value, so the page splits there.
+        let (values, scales) = page.split_at_mut(sr.start);
+        return Ok(KvRowsMut::Scaled {
+            dtype: layout.dtype(),
+            codes: &mut values[region],
+            scales: <[f32]>::mut_from_bytes(&mut scales[..sr.len()]).map_err(|_| MISALIGNED)?,
+        });
+    }
+    let bytes = &mut page[region];
     Ok(match layout.dtype() {
         KvDtype::F32 => KvRowsMut::F32(<[f32]>::mut_from_bytes(bytes).map_err(|_| MISALIGNED)?),
         KvDtype::F16 => KvRowsMut::F16(<[f16]>::mut_from_bytes(bytes).map_err(|_| MISALIGNED)?),
         KvDtype::Bf16 => KvRowsMut::Bf16(<[bf16]>::mut_from_bytes(bytes).map_err(|_| MISALIGNED)?),
+        KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("scaled dtypes have a scale region"),
     })
 }

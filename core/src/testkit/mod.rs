@@ -137,10 +137,11 @@ impl Scenario {
                     .map(|_| {
                         (0..kv_heads)
                             .map(|_| {
-                                rng.vec(kv_len * hd)
-                                    .into_iter()
-                                    .map(|x| layout.dtype().round_trip(x))
-                                    .collect()
+                                // As stored: scaled dtypes round whole rows.
+                                let mut x = rng.vec(kv_len * hd);
+                                x.chunks_mut(hd)
+                                    .for_each(|row| layout.dtype().round_trip_row(row));
+                                x
                             })
                             .collect()
                     })
@@ -390,34 +391,43 @@ pub fn tolerance(dtype: crate::KvDtype) -> (f64, f64) {
         crate::KvDtype::F32 => (0.0, 1e-5),
         crate::KvDtype::F16 => (1e-3, 1e-3),
         crate::KvDtype::Bf16 => (1e-3, 1.6e-2),
+        // Engines read the same codes and scales as the reference; only
+        // where the scale is applied (to a score or to each element) and
+        // the order of the sums differ.
+        crate::KvDtype::I8 | crate::KvDtype::F8E4M3 => (1e-3, 1e-3),
     }
 }
 
 /// The accuracy suite every backend runs: random inputs (never zeros) over
-/// many shapes, page sizes 1, 16, 64 and 7, all three dtypes, decode and
+/// many shapes, page sizes 1, 16, 64 and 7, every dtype, decode and
 /// causal prefill, with keys token-major and (page sizes 16, 64 and 7)
 /// dim-major, compared with the [`ReferenceEngine`](crate::ReferenceEngine)
 /// on the same pages (so both read the same rounded K/V). f32 must match to
-/// 1e-5 relative error; f16 to atol 1e-3, rtol 1e-3; bf16 to atol 1e-3,
-/// rtol 1.6e-2 (vLLM's tolerances). NaN never passes. Returns the number of
+/// 1e-5 relative error; f16, int8 and fp8 to atol 1e-3, rtol 1e-3; bf16
+/// to atol 1e-3, rtol 1.6e-2 (vLLM's tolerances). NaN never passes. Returns the number of
 /// comparisons made; panics with the case on a mismatch.
 pub fn accuracy_suite<E: crate::AttentionEngine<PageBuf>>(engine: &E) -> usize {
     use crate::KeyOrder::{DimMajor, TokenMajor};
-    accuracy_suite_on(engine, &[TokenMajor, DimMajor], |pages| pages.clone())
+    accuracy_suite_on(
+        engine,
+        &[TokenMajor, DimMajor],
+        &crate::KvDtype::ALL,
+        |pages| pages.clone(),
+    )
 }
 
-/// [`accuracy_suite`] over the key orders in `orders` for an engine whose
-/// pages live elsewhere (a device): `mirror` copies each scenario's host
-/// pages into the engine's memory once, and the engine then answers every
-/// batch of that scenario from its copy.
+/// [`accuracy_suite`] over the key orders in `orders` and the dtypes in
+/// `dtypes` for an engine whose pages live elsewhere (a device): `mirror`
+/// copies each scenario's host pages into the engine's memory once, and
+/// the engine then answers every batch of that scenario from its copy.
 pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
     engine: &E,
     orders: &[crate::KeyOrder],
+    dtypes: &[crate::KvDtype],
     mut mirror: impl FnMut(&PageBuf) -> P,
 ) -> usize {
     use crate::{
-        AttentionBatch, AttentionEngine, KeyOrder, KvDtype, LayerGrouping, LayoutSpec,
-        ReferenceEngine,
+        AttentionBatch, AttentionEngine, KeyOrder, LayerGrouping, LayoutSpec, ReferenceEngine,
     };
     // (layers, q heads, kv heads, head_dim, grouping, shards)
     let shapes: [(u32, u32, u32, u32, LayerGrouping, u32); 5] = [
@@ -444,7 +454,7 @@ pub fn accuracy_suite_on<P, E: crate::AttentionEngine<P>>(
     });
     for (order, bt) in cases {
         for (si, &(layers, qh, kvh, hd, grouping, shards)) in shapes.iter().enumerate() {
-            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+            for &dtype in dtypes {
                 let layout = KvLayout::new(
                     LayoutSpec::new(layers, qh, kvh, hd, bt, dtype)
                         .with_grouping(grouping)
@@ -500,13 +510,14 @@ pub fn suite_windows(bt: u32) -> Vec<u32> {
 /// windows a [`PageId::PLACEHOLDER`] (so a read of one fails). Compared
 /// with [`Scenario::naive_f64_window`] at the [`accuracy_suite`]'s
 /// tolerances. Returns the number of comparisons; panics with the case on
-/// a mismatch.
+/// a mismatch. `dtypes` are the dtypes to try.
 pub fn window_suite_on<P, E: crate::AttentionEngine<P>>(
     engine: &E,
     orders: &[crate::KeyOrder],
+    dtypes: &[crate::KvDtype],
     mut mirror: impl FnMut(&PageBuf) -> P,
 ) -> usize {
-    use crate::{AttentionBatch, KeyOrder, KvDtype, LayoutSpec};
+    use crate::{AttentionBatch, KeyOrder, LayoutSpec};
     // (layers, q heads, kv heads, head_dim)
     let shapes: [(u32, u32, u32, u32); 2] = [(1, 2, 2, 8), (2, 8, 2, 64)];
     let workloads: [&[(usize, usize)]; 2] = [
@@ -522,7 +533,7 @@ pub fn window_suite_on<P, E: crate::AttentionEngine<P>>(
         };
         for &bt in bts {
             for (si, &(layers, qh, kvh, hd)) in shapes.iter().enumerate() {
-                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                for &dtype in dtypes {
                     let layout = KvLayout::new(
                         LayoutSpec::new(layers, qh, kvh, hd, bt, dtype).with_key_order(order),
                     )

@@ -372,6 +372,8 @@ fn scores_stored(
             KvDtype::F32 => scores_avx2::<F32>(q, rows, k, n, d, out, ahead),
             KvDtype::F16 => scores_avx2::<F16>(q, rows, k, n, d, out, ahead),
             KvDtype::Bf16 => scores_avx2::<BF16>(q, rows, k, n, d, out, ahead),
+            KvDtype::I8 => scores_avx2::<I8>(q, rows, k, n, d, out, ahead),
+            KvDtype::F8E4M3 => scores_avx2::<F8>(q, rows, k, n, d, out, ahead),
         }
     }
 }
@@ -404,6 +406,8 @@ fn weighted_sum_stored(
             KvDtype::F32 => weighted_sum_avx2::<F32>(p, rows, v, n, d, acc, ahead),
             KvDtype::F16 => weighted_sum_avx2::<F16>(p, rows, v, n, d, acc, ahead),
             KvDtype::Bf16 => weighted_sum_avx2::<BF16>(p, rows, v, n, d, acc, ahead),
+            KvDtype::I8 => weighted_sum_avx2::<I8>(p, rows, v, n, d, acc, ahead),
+            KvDtype::F8E4M3 => weighted_sum_avx2::<F8>(p, rows, v, n, d, acc, ahead),
         }
     }
 }
@@ -412,23 +416,52 @@ fn four_row_scores_softmax(
     dtype: KvDtype,
     q: &[f32],
     keys: &[&[u8]],
+    scales: &[f32],
     weights: &mut [f32],
     mut state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
     let size = dtype.size_bytes();
-    let (d, _) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
+    let (d, n) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
+    let scales = shapes::key_scales(scales, n);
     let ahead = Paired::new(ahead);
     let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
     // SAFETY: the checks above bound every access made below (each segment
     // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
-    // `d % 8 == 0`, `weights` `4·n`, the state four rows); AVX2, FMA and
-    // F16C are present.
+    // `d % 8 == 0`, `weights` `4·n`, `scales` null or `n`, the state four
+    // rows); AVX2, FMA and F16C are present.
     unsafe {
-        match dtype {
-            KvDtype::F32 => four_row_scores_softmax_avx2::<F32>(q, keys, d, w, state, ahead),
-            KvDtype::F16 => four_row_scores_softmax_avx2::<F16>(q, keys, d, w, state, ahead),
-            KvDtype::Bf16 => four_row_scores_softmax_avx2::<BF16>(q, keys, d, w, state, ahead),
+        let k = match dtype {
+            KvDtype::F32 => four_row_scores_softmax_avx2::<F32>,
+            KvDtype::F16 => four_row_scores_softmax_avx2::<F16>,
+            KvDtype::Bf16 => four_row_scores_softmax_avx2::<BF16>,
+            KvDtype::I8 => four_row_scores_softmax_avx2::<I8>,
+            KvDtype::F8E4M3 => four_row_scores_softmax_avx2::<F8>,
+        };
+        k(q, keys, d, scales, w, state, ahead)
+    }
+}
+
+/// Multiplies each of `n` keys' four key-major scores in `w` by the key's
+/// scale, where `scales` is not null.
+///
+/// # Safety
+/// `w` is valid for `4·n` reads and writes, `scales` null or valid for `n`
+/// reads; AVX is present.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn scale_key_major(w: *mut f32, scales: *const f32, n: usize) {
+    if scales.is_null() {
+        return;
+    }
+    for j in 0..n {
+        // SAFETY: `j < n`, within both by the contract.
+        unsafe {
+            let at = w.add(4 * j);
+            _mm_storeu_ps(
+                at,
+                _mm_mul_ps(_mm_loadu_ps(at), _mm_set1_ps(*scales.add(j))),
+            );
         }
     }
 }
@@ -437,24 +470,27 @@ fn four_row_scores_softmax_dim_major(
     dtype: KvDtype,
     q: &[f32],
     keys: &[&[u8]],
+    scales: &[f32],
     weights: &mut [f32],
     state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
-    let kernels: [DimMajorKernel; 3] = [
+    let kernels: [DimMajorKernel; 5] = [
         dim_major_scores_softmax_avx2::<F32>,
         dim_major_scores_softmax_avx2::<F16>,
         dim_major_scores_softmax_avx2::<BF16>,
+        dim_major_scores_softmax_avx2::<I8>,
+        dim_major_scores_softmax_avx2::<F8>,
     ];
     // SAFETY: these are this set's kernels, whose table exists only after
     // AVX2, FMA and F16C were detected.
-    unsafe { dim_major_call(kernels, dtype, q, keys, weights, state, ahead) }
+    unsafe { dim_major_call(kernels, dtype, q, keys, scales, weights, state, ahead) }
 }
 
 /// A dim-major four-row scores kernel for one encoding, with the contract
 /// of [`dim_major_scores_softmax_avx2`].
 pub(super) type DimMajorKernel =
-    unsafe fn(*const f32, &[&[u8]], usize, usize, *mut f32, [*mut f32; 3], Paired<'_>);
+    unsafe fn(*const f32, &[&[u8]], usize, usize, *const f32, *mut f32, [*mut f32; 3], Paired<'_>);
 
 /// [`FourRowKernels::scores_softmax_dim_major`] for a set whose kernels
 /// for f32, f16 and bf16 are `kernels`: the shape checks, then the kernel
@@ -463,29 +499,29 @@ pub(super) type DimMajorKernel =
 /// # Safety
 /// Each of `kernels` keeps [`DimMajorKernel`]'s contract for its encoding
 /// given the shapes checked here, and the CPU has the features it needs.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn dim_major_call(
-    kernels: [DimMajorKernel; 3],
+    kernels: [DimMajorKernel; 5],
     dtype: KvDtype,
     q: &[f32],
     keys: &[&[u8]],
+    scales: &[f32],
     weights: &mut [f32],
     mut state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
     let size = dtype.size_bytes();
-    let (d, bt, _) = shapes::four_row_dim_major(q.len(), keys, size, weights.len(), state.lens());
+    let (d, bt, n) = shapes::four_row_dim_major(q.len(), keys, size, weights.len(), state.lens());
+    let scales = shapes::key_scales(scales, n);
     let ahead = Paired::new(ahead);
     let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
-    let kernel = match dtype {
-        KvDtype::F32 => kernels[0],
-        KvDtype::F16 => kernels[1],
-        KvDtype::Bf16 => kernels[2],
-    };
+    let kernel = kernels[dtype.tag() as usize];
     // SAFETY: the checks above bound every access the kernel makes (each
     // segment of `keys` one block of `bt` keys of `d` elements of `dtype`,
-    // `bt` a multiple of 16, `weights` `4·n`, the state four rows); the
-    // kernel for `dtype` and the CPU's features are the caller's contract.
-    unsafe { kernel(q, keys, d, bt, w, state, ahead) }
+    // `bt` a multiple of 16, `weights` `4·n`, `scales` null or `n`, the
+    // state four rows); the kernel for `dtype` (indexed by its tag) and
+    // the CPU's features are the caller's contract.
+    unsafe { kernel(q, keys, d, bt, scales, w, state, ahead) }
 }
 
 fn four_row_weighted_sum(
@@ -506,6 +542,8 @@ fn four_row_weighted_sum(
             KvDtype::F32 => weighted_sum_group::<4, F32, true>(p, values, n, d, acc, &mut ahead),
             KvDtype::F16 => weighted_sum_group::<4, F16, true>(p, values, n, d, acc, &mut ahead),
             KvDtype::Bf16 => weighted_sum_group::<4, BF16, true>(p, values, n, d, acc, &mut ahead),
+            KvDtype::I8 => weighted_sum_group::<4, I8, true>(p, values, n, d, acc, &mut ahead),
+            KvDtype::F8E4M3 => weighted_sum_group::<4, F8, true>(p, values, n, d, acc, &mut ahead),
         }
     }
 }
@@ -521,6 +559,21 @@ fn column_passes(d: usize) -> usize {
 pub(super) const F32: u8 = 0;
 pub(super) const F16: u8 = 1;
 pub(super) const BF16: u8 = 2;
+/// int8 codes, read raw ([`super::raw_scale`]).
+pub(super) const I8: u8 = 3;
+/// E4M3 codes, read raw as the f16 of [`scalar::f8_raw_bits`].
+pub(super) const F8: u8 = 4;
+
+/// The f16 bits of the eight E4M3 codes in the low half of `x`
+/// ([`scalar::f8_raw_bits`] lane by lane).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn f8_to_f16_bits(x: __m128i) -> __m128i {
+    let w = _mm_cvtepu8_epi16(x);
+    let magnitude = _mm_slli_epi16::<7>(_mm_and_si128(w, _mm_set1_epi16(0x7F)));
+    let sign = _mm_slli_epi16::<8>(_mm_and_si128(w, _mm_set1_epi16(0x80)));
+    _mm_or_si128(magnitude, sign)
+}
 
 /// Eight elements of encoding `E` at element index `i` of `p`, as f32.
 ///
@@ -535,6 +588,8 @@ unsafe fn load8<const E: u8>(p: *const u8, i: usize) -> __m256 {
         match E {
             F32 => _mm256_loadu_ps(p.cast::<f32>().add(i)),
             F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast())),
+            I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(i).cast()))),
+            F8 => _mm256_cvtph_ps(f8_to_f16_bits(_mm_loadl_epi64(p.add(i).cast()))),
             _ => _mm256_castsi256_ps(_mm256_slli_epi32(
                 _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(2 * i).cast())),
                 16,
@@ -555,6 +610,8 @@ unsafe fn load1<const E: u8>(p: *const u8, i: usize) -> f32 {
             F16 => {
                 kvslice_core::f16::from_bits(p.add(2 * i).cast::<u16>().read_unaligned()).to_f32()
             }
+            I8 => f32::from(p.add(i).cast::<i8>().read()),
+            F8 => kvslice_core::f16::from_bits(scalar::f8_raw_bits(p.add(i).read())).to_f32(),
             _ => f32::from_bits(u32::from(p.add(2 * i).cast::<u16>().read_unaligned()) << 16),
         }
     }
@@ -834,6 +891,7 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     q: *const f32,
     keys: &[&[u8]],
     d: usize,
+    scales: *const f32,
     w: *mut f32,
     [max, sum, rescale]: [*mut f32; 3],
     ahead: Paired<'_>,
@@ -872,6 +930,7 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
             }
             n += m;
         }
+        scale_key_major(w, scales, n);
         // Pairs of keys as eight lanes, an odd last key as four.
         let pairs = n / 2;
         let old = _mm_loadu_ps(max);
@@ -921,11 +980,13 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
 /// three pointers of `state` (max, sum, rescale) for 4 reads and writes
 /// each; AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dim_major_scores_softmax_avx2<const E: u8>(
     q: *const f32,
     keys: &[&[u8]],
     d: usize,
     bt: usize,
+    scales: *const f32,
     w: *mut f32,
     state: [*mut f32; 3],
     ahead: Paired<'_>,
@@ -956,6 +1017,17 @@ unsafe fn dim_major_scores_softmax_avx2<const E: u8>(
                         let qv = _mm256_broadcast_ss(&*q.add(r * d + c));
                         acc[2 * r] = _mm256_fmadd_ps(qv, lo, acc[2 * r]);
                         acc[2 * r + 1] = _mm256_fmadd_ps(qv, hi, acc[2 * r + 1]);
+                    }
+                }
+                if !scales.is_null() {
+                    // Lanes are keys: each key's scores times its scale.
+                    let (lo, hi) = (
+                        _mm256_loadu_ps(scales.add(16 * g)),
+                        _mm256_loadu_ps(scales.add(16 * g + 8)),
+                    );
+                    for r in 0..4 {
+                        acc[2 * r] = _mm256_mul_ps(acc[2 * r], lo);
+                        acc[2 * r + 1] = _mm256_mul_ps(acc[2 * r + 1], hi);
                     }
                 }
                 let out = w.add(64 * g);
@@ -1134,7 +1206,11 @@ unsafe fn weighted_sum_group<const G: usize, const E: u8, const KEY_MAJOR: bool>
 
 /// Bytes per element of encoding `E`.
 pub(super) const fn elem_bytes<const E: u8>() -> usize {
-    if E == F32 { 4 } else { 2 }
+    match E {
+        F32 => 4,
+        I8 | F8 => 1,
+        _ => 2,
+    }
 }
 
 /// [`weighted_sum_group`] over columns `c..c + 8·W`, telling `ahead`
@@ -1730,7 +1806,7 @@ mod tests {
                     rescale: &mut rescale,
                 };
                 let scored =
-                    fetched_by(|| (fk.scores_softmax)(dtype, &q, &segs, &mut w, state, pairs));
+                    fetched_by(|| (fk.scores_softmax)(dtype, &q, &segs, &[], &mut w, state, pairs));
                 let mut acc = vec![0f32; 4 * d];
                 let summed = fetched_by(|| (fk.weighted_sum)(dtype, &w, &segs, &mut acc, pairs));
                 for (kernel, got) in [("scores", scored), ("weighted sum", summed)] {

@@ -121,11 +121,27 @@ unsafe fn load16<const E: u8>(p: *const u8, i: usize, m: __mmask16) -> __m512 {
         match E {
             avx2::F32 => _mm512_maskz_loadu_ps(m, p.cast::<f32>().add(i)),
             avx2::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.add(2 * i).cast())),
+            avx2::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(
+                m,
+                p.add(i).cast(),
+            ))),
+            avx2::F8 => _mm512_cvtph_ps(f8_to_f16_bits(_mm_maskz_loadu_epi8(m, p.add(i).cast()))),
             _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
                 _mm256_maskz_loadu_epi16(m, p.add(2 * i).cast()),
             ))),
         }
     }
+}
+
+/// The f16 bits of the sixteen E4M3 codes of `x`
+/// ([`super::scalar::f8_raw_bits`] lane by lane).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn f8_to_f16_bits(x: __m128i) -> __m256i {
+    let w = _mm256_cvtepu8_epi16(x);
+    let magnitude = _mm256_slli_epi16::<7>(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)));
+    let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(w, _mm256_set1_epi16(0x80)));
+    _mm256_or_si256(magnitude, sign)
 }
 
 /// The sum of a 16-lane vector's halves, as eight lanes (for [`hsum4`]).
@@ -190,6 +206,8 @@ unsafe fn scores_any<const G: usize>(
             KvDtype::F32 => scores_group::<G, { avx2::F32 }>(q, k, n, d, out, ahead),
             KvDtype::F16 => scores_group::<G, { avx2::F16 }>(q, k, n, d, out, ahead),
             KvDtype::Bf16 => scores_group::<G, { avx2::BF16 }>(q, k, n, d, out, ahead),
+            KvDtype::I8 => scores_group::<G, { avx2::I8 }>(q, k, n, d, out, ahead),
+            KvDtype::F8E4M3 => scores_group::<G, { avx2::F8 }>(q, k, n, d, out, ahead),
         }
     }
 }
@@ -293,6 +311,8 @@ unsafe fn weighted_sum_any<const G: usize>(
             KvDtype::F32 => weighted_sum_group::<G, { avx2::F32 }, false>(p, v, n, d, acc, ahead),
             KvDtype::F16 => weighted_sum_group::<G, { avx2::F16 }, false>(p, v, n, d, acc, ahead),
             KvDtype::Bf16 => weighted_sum_group::<G, { avx2::BF16 }, false>(p, v, n, d, acc, ahead),
+            KvDtype::I8 => weighted_sum_group::<G, { avx2::I8 }, false>(p, v, n, d, acc, ahead),
+            KvDtype::F8E4M3 => weighted_sum_group::<G, { avx2::F8 }, false>(p, v, n, d, acc, ahead),
         }
     }
 }
@@ -337,30 +357,29 @@ fn four_row_scores_softmax(
     dtype: KvDtype,
     q: &[f32],
     keys: &[&[u8]],
+    scales: &[f32],
     weights: &mut [f32],
     mut state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
     let size = dtype.size_bytes();
-    let (d, _) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
+    let (d, n) = shapes::four_row_scores(q.len(), keys, size, weights.len(), state.lens());
+    let scales = shapes::key_scales(scales, n);
     let ahead = Paired::new(ahead);
     let (q, w, state) = (q.as_ptr(), weights.as_mut_ptr(), state.as_mut_ptrs());
     // SAFETY: the checks above bound every access made below (each segment
     // of `keys` holds whole keys of `d` elements of `dtype`, `n` in all,
-    // `d % 8 == 0`, `weights` `4·n`, the state four rows); AVX-512 F, BW
-    // and VL, AVX2, FMA and F16C are present.
+    // `d % 8 == 0`, `weights` `4·n`, `scales` null or `n`, the state four
+    // rows); AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
     unsafe {
-        match dtype {
-            KvDtype::F32 => {
-                four_row_scores_softmax_avx512::<{ avx2::F32 }>(q, keys, d, w, state, ahead)
-            }
-            KvDtype::F16 => {
-                four_row_scores_softmax_avx512::<{ avx2::F16 }>(q, keys, d, w, state, ahead)
-            }
-            KvDtype::Bf16 => {
-                four_row_scores_softmax_avx512::<{ avx2::BF16 }>(q, keys, d, w, state, ahead)
-            }
-        }
+        let k = match dtype {
+            KvDtype::F32 => four_row_scores_softmax_avx512::<{ avx2::F32 }>,
+            KvDtype::F16 => four_row_scores_softmax_avx512::<{ avx2::F16 }>,
+            KvDtype::Bf16 => four_row_scores_softmax_avx512::<{ avx2::BF16 }>,
+            KvDtype::I8 => four_row_scores_softmax_avx512::<{ avx2::I8 }>,
+            KvDtype::F8E4M3 => four_row_scores_softmax_avx512::<{ avx2::F8 }>,
+        };
+        k(q, keys, d, scales, w, state, ahead)
     }
 }
 
@@ -368,18 +387,21 @@ fn four_row_scores_softmax_dim_major(
     dtype: KvDtype,
     q: &[f32],
     keys: &[&[u8]],
+    scales: &[f32],
     weights: &mut [f32],
     state: SoftmaxState<'_>,
     ahead: &[&[u8]],
 ) {
-    let kernels: [avx2::DimMajorKernel; 3] = [
+    let kernels: [avx2::DimMajorKernel; 5] = [
         dim_major_avx512::<{ avx2::F32 }>,
         dim_major_avx512::<{ avx2::F16 }>,
         dim_major_avx512::<{ avx2::BF16 }>,
+        dim_major_avx512::<{ avx2::I8 }>,
+        dim_major_avx512::<{ avx2::F8 }>,
     ];
     // SAFETY: these are this set's kernels, whose table exists only after
     // AVX-512 F, BW and VL, AVX2, FMA and F16C were detected.
-    unsafe { avx2::dim_major_call(kernels, dtype, q, keys, weights, state, ahead) }
+    unsafe { avx2::dim_major_call(kernels, dtype, q, keys, scales, weights, state, ahead) }
 }
 
 /// [`FourRowKernels::scores_softmax_dim_major`]: AVX2's scheme
@@ -398,11 +420,13 @@ fn four_row_scores_softmax_dim_major(
 /// three pointers of `state` (max, sum, rescale) for 4 reads and writes
 /// each; AVX-512 F, BW and VL, AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dim_major_avx512<const E: u8>(
     q: *const f32,
     keys: &[&[u8]],
     d: usize,
     bt: usize,
+    scales: *const f32,
     w: *mut f32,
     state: [*mut f32; 3],
     ahead: Paired<'_>,
@@ -444,9 +468,15 @@ unsafe fn dim_major_avx512<const E: u8>(
                         *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * d + c)), k0, *a);
                     }
                 }
+                // Lanes are keys: each key's scores times its scale.
+                let sv = if scales.is_null() {
+                    _mm512_set1_ps(1.0)
+                } else {
+                    _mm512_loadu_ps(scales.add(16 * g))
+                };
                 let out = w.add(64 * g);
                 for r in 0..4 {
-                    let x = _mm512_add_ps(acc[r], acc[4 + r]);
+                    let x = _mm512_mul_ps(_mm512_add_ps(acc[r], acc[4 + r]), sv);
                     _mm512_storeu_ps(out.add(16 * r), x);
                     vmax[r] = _mm512_max_ps(vmax[r], x);
                 }
@@ -528,6 +558,7 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
     q: *const f32,
     keys: &[&[u8]],
     d: usize,
+    scales: *const f32,
     w: *mut f32,
     [max, sum, rescale]: [*mut f32; 3],
     ahead: Paired<'_>,
@@ -559,6 +590,7 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
             }
             n += m;
         }
+        avx2::scale_key_major(w, scales, n);
         // Lane `l` of a sixteen-lane step is row `l % 4`; masked-off lanes
         // keep the running max.
         let total = 4 * n;
@@ -630,6 +662,12 @@ fn four_row_weighted_sum(
             }
             KvDtype::Bf16 => {
                 weighted_sum_group::<4, { avx2::BF16 }, true>(p, values, n, d, acc, &mut ahead)
+            }
+            KvDtype::I8 => {
+                weighted_sum_group::<4, { avx2::I8 }, true>(p, values, n, d, acc, &mut ahead)
+            }
+            KvDtype::F8E4M3 => {
+                weighted_sum_group::<4, { avx2::F8 }, true>(p, values, n, d, acc, &mut ahead)
             }
         }
     }

@@ -35,6 +35,26 @@ mod exp_consts {
     ];
 }
 
+/// What a row's scale is multiplied by before the kernels apply it: every
+/// kernel reads a scaled dtype's codes raw, int8 codes as their integers
+/// and E4M3 codes as their value / 256 (the f16 with the same fields,
+/// which F16C and NEON convert in one instruction), so E4M3 rows take 256
+/// times their scale; 1 for every other dtype.
+///
+/// ```
+/// use kvslice_core::KvDtype;
+/// use kvslice_cpu::raw_scale;
+///
+/// assert_eq!(raw_scale(KvDtype::F8E4M3), 256.0);
+/// assert_eq!(raw_scale(KvDtype::I8), 1.0);
+/// ```
+pub fn raw_scale(dtype: KvDtype) -> f32 {
+    match dtype {
+        KvDtype::F8E4M3 => 256.0,
+        _ => 1.0,
+    }
+}
+
 /// [`Kernels::softmax_rows`]: `(scores, n, max, sum, rescale)`.
 pub type SoftmaxRowsFn = fn(&mut [f32], usize, &mut [f32], &mut [f32], &mut [f32]);
 /// [`Kernels::scores`]: `(q, rows, k, n, out, ahead)`.
@@ -45,10 +65,10 @@ pub type WeightedSumFn = fn(&[f32], usize, &[f32], usize, &mut [f32], &[u8]);
 pub type StoredScoresFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
 /// [`StoredKernels::weighted_sum`]: `(dtype, p, rows, v, n, acc, ahead)`.
 pub type StoredWeightedSumFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f32], &[u8]);
-/// [`FourRowKernels::scores_softmax`]: `(dtype, q, keys, weights, state,
-/// ahead)`.
+/// [`FourRowKernels::scores_softmax`]: `(dtype, q, keys, scales, weights,
+/// state, ahead)`.
 pub type FourRowScoresSoftmaxFn =
-    fn(KvDtype, &[f32], &[&[u8]], &mut [f32], SoftmaxState<'_>, &[&[u8]]);
+    fn(KvDtype, &[f32], &[&[u8]], &[f32], &mut [f32], SoftmaxState<'_>, &[&[u8]]);
 /// [`FourRowKernels::weighted_sum`]: `(dtype, p, values, acc, ahead)`.
 pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[&[u8]], &mut [f32], &[&[u8]]);
 
@@ -174,7 +194,7 @@ pub struct StoredKernels {
 ///     let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [0.0; 4]);
 ///     let state = SoftmaxState { max: &mut max, sum: &mut sum, rescale: &mut rescale };
 ///     let mut w = [0f32; 12];
-///     (fk.scores_softmax)(KvDtype::F32, &q, &blocks, &mut w, state, &[]);
+///     (fk.scores_softmax)(KvDtype::F32, &q, &blocks, &[], &mut w, state, &[]);
 ///     assert_eq!(max, [4.0; 4]); // every score is 8 · 0.5 · 1
 ///     assert_eq!((w, sum), ([1.0; 12], [3.0; 4])); // e^(4 − 4) per key
 ///     let mut acc = [0f32; 32];
@@ -188,12 +208,15 @@ pub struct FourRowKernels {
     /// the segments of `keys` (each whole rows of `d` elements stored as
     /// `dtype`), folded into the rows' online softmax like
     /// [`Kernels::softmax_rows`]: `weights[j·4 + i]` becomes
-    /// `e^(q_i·k_j − max_i)` under the grown max. Prefetches region `s`
-    /// of `ahead` alongside segment `s` of `keys`, line for line.
+    /// `e^(q_i·k_j − max_i)` under the grown max. For a scaled dtype,
+    /// `scales` holds the `n` keys' scales times [`raw_scale`] and each
+    /// key's scores are multiplied by its own before the softmax; else it
+    /// is empty. Prefetches region `s` of `ahead` alongside segment `s` of
+    /// `keys`, line for line.
     ///
     /// # Panics
     /// If `d` is not a multiple of 8, a segment ends inside a row, or
-    /// `weights` or the state is too short.
+    /// `weights`, `scales` (when not empty) or the state is too short.
     pub scores_softmax: FourRowScoresSoftmaxFn,
     /// [`Self::scores_softmax`] for keys stored dim-major
     /// ([`kvslice_core::KeyOrder::DimMajor`]): each segment of `keys` is
@@ -306,7 +329,9 @@ impl Kernels {
     }
 
     /// Widens little-endian stored elements (`src`, `dst.len()` of them) to
-    /// f32.
+    /// f32. The codes of a scaled dtype come out raw, each row still to be
+    /// multiplied by its scale times [`raw_scale`] (portable loops in every
+    /// set: only prefill widens them, decode reads them in registers).
     #[inline]
     pub fn widen(&self, dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
         debug_assert_eq!(src.len(), dst.len() * dtype.size_bytes());
@@ -314,6 +339,8 @@ impl Kernels {
             KvDtype::F32 => (self.widen_f32)(src, dst),
             KvDtype::F16 => (self.widen_f16)(src, dst),
             KvDtype::Bf16 => (self.widen_bf16)(src, dst),
+            KvDtype::I8 => scalar::widen_i8(src, dst),
+            KvDtype::F8E4M3 => scalar::widen_f8(src, dst),
         }
     }
 }
@@ -421,15 +448,55 @@ mod tests {
                         k.name
                     );
                 }
-                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
-                    let mut bytes = vec![0u8; n * dtype.size_bytes()];
-                    dtype.encode_row(&a, &mut bytes).unwrap();
+                for dtype in KvDtype::ALL {
+                    let bytes = stored_bytes(dtype, &a);
                     let mut out = vec![0f32; n];
                     k.widen(dtype, &bytes, &mut out);
-                    let mut want = vec![0f32; n];
-                    dtype.decode_row(&bytes, &mut want).unwrap();
-                    assert_eq!(out, want, "{} widen {dtype:?} n={n}", k.name);
+                    assert_eq!(
+                        out,
+                        raw_values(dtype, &bytes),
+                        "{} widen {dtype:?} n={n}",
+                        k.name
+                    );
                 }
+            }
+        }
+    }
+
+    /// `vals` as `dtype` stores them: encoded elements, or for a scaled
+    /// dtype codes the kernels read raw (int8 codes of `vals · 20`, E4M3
+    /// codes of `vals`).
+    fn stored_bytes(dtype: KvDtype, vals: &[f32]) -> Vec<u8> {
+        match dtype {
+            KvDtype::I8 => vals
+                .iter()
+                .map(|v| (v * 20.0).round().clamp(-127.0, 127.0) as i8 as u8)
+                .collect(),
+            KvDtype::F8E4M3 => vals
+                .iter()
+                .map(|v| kvslice_core::f8e4m3_from_f32(*v))
+                .collect(),
+            _ => {
+                let mut bytes = vec![0u8; vals.len() * dtype.size_bytes()];
+                dtype.encode_row(vals, &mut bytes).unwrap();
+                bytes
+            }
+        }
+    }
+
+    /// What the kernels read from `bytes` of `dtype`: the decoded values,
+    /// or a scaled dtype's codes unscaled, E4M3 divided by [`raw_scale`].
+    fn raw_values(dtype: KvDtype, bytes: &[u8]) -> Vec<f32> {
+        match dtype {
+            KvDtype::I8 => bytes.iter().map(|&c| f32::from(c as i8)).collect(),
+            KvDtype::F8E4M3 => bytes
+                .iter()
+                .map(|&c| kvslice_core::f8e4m3_to_f32(c) / raw_scale(dtype))
+                .collect(),
+            _ => {
+                let mut out = vec![0f32; bytes.len() / dtype.size_bytes()];
+                dtype.decode_row(bytes, &mut out).unwrap();
+                out
             }
         }
     }
@@ -455,9 +522,8 @@ mod tests {
             for n in [1usize, 2, 3, 16, 17] {
                 let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
                 let ahead = vec![0u8; 300];
-                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
-                    let mut bytes = vec![0u8; n * d * dtype.size_bytes()];
-                    dtype.encode_row(&vals, &mut bytes).unwrap();
+                for dtype in KvDtype::ALL {
+                    let bytes = stored_bytes(dtype, &vals);
                     let mut wide = vec![0f32; n * d];
                     k.widen(dtype, &bytes, &mut wide);
                     for rows in [1usize, 3, 4, 5, 9] {
@@ -575,11 +641,14 @@ mod tests {
                 // Keys dim-major within each block.
                 let tvals = kvslice_core::testkit::dim_major_blocks(&vals, bt, d);
                 let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.7).cos() * 0.5).collect();
-                for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                for dtype in KvDtype::ALL {
                     let es = dtype.size_bytes();
-                    let (mut tm, mut dm) = (vec![0u8; n * d * es], vec![0u8; n * d * es]);
-                    dtype.encode_row(&vals, &mut tm).unwrap();
-                    dtype.encode_row(&tvals, &mut dm).unwrap();
+                    let (tm, dm) = (stored_bytes(dtype, &vals), stored_bytes(dtype, &tvals));
+                    // Scaled dtypes: a scale per key, unlike its neighbours'.
+                    let scales: Vec<f32> = match dtype.is_scaled() {
+                        true => (0..n).map(|j| 0.01 + 0.003 * (j % 7) as f32).collect(),
+                        false => Vec::new(),
+                    };
                     let tm: Vec<&[u8]> = tm.chunks(bt * d * es).collect();
                     let dm: Vec<&[u8]> = dm.chunks(bt * d * es).collect();
                     let ahead = vec![0u8; 4096];
@@ -595,7 +664,7 @@ mod tests {
                             sum: &mut sum,
                             rescale: &mut rescale,
                         };
-                        f(dtype, &q, keys, &mut w, state, &ahead);
+                        f(dtype, &q, keys, &scales, &mut w, state, &ahead);
                         (w, max, sum, rescale)
                     };
                     let (w, max, sum, rescale) = run(fk.scores_softmax, &tm);
@@ -641,9 +710,8 @@ mod tests {
                     let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
                     let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.7).cos() * 0.5).collect();
                     let ahead = vec![0u8; 256];
-                    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
-                        let mut bytes = vec![0u8; n * d * dtype.size_bytes()];
-                        dtype.encode_row(&vals, &mut bytes).unwrap();
+                    for dtype in KvDtype::ALL {
+                        let bytes = stored_bytes(dtype, &vals);
                         let case = format!("{} {dtype:?} d={d} n={n}", k.name);
                         // General path: row-major scores, softmax, values.
                         let mut s = vec![0f32; 4 * n];
@@ -667,7 +735,7 @@ mod tests {
                                 sum: &mut fsum,
                                 rescale: &mut frescale,
                             };
-                            (fk.scores_softmax)(dtype, &q, &segs, &mut w, state, &ahead);
+                            (fk.scores_softmax)(dtype, &q, &segs, &[], &mut w, state, &ahead);
                             let mut facc = vec![0.25f32; 4 * d];
                             (fk.weighted_sum)(dtype, &w, &segs, &mut facc, &ahead);
                             // Both paths make the same products in the
@@ -686,8 +754,11 @@ mod tests {
                                 }
                             }
                             // A max that held rescales by exactly 1 (row 2
-                            // starts above every score).
-                            assert_eq!(frescale[2], 1.0, "{case}");
+                            // starts above every score, but int8's codes
+                            // of 20 · vals may pass it).
+                            if max[2] == max0[2] {
+                                assert_eq!(frescale[2], 1.0, "{case}");
+                            }
                             assert_eq!(facc, acc, "{case}: weighted sum");
                         }
                     }

@@ -42,6 +42,29 @@ fn widen_bf16(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// The f16 bits of E4M3 code `c` shifted into place: the same sign,
+/// exponent and mantissa fields with f16's bias of 15 instead of 7, so the
+/// f16 is the code's value / 256 exactly, subnormals included (see
+/// [`super::raw_scale`]). Codes `0x7F` and `0xFF`, NaN in E4M3, are never
+/// written and come out as ±480 / 256.
+pub(super) fn f8_raw_bits(c: u8) -> u16 {
+    (u16::from(c & 0x80) << 8) | (u16::from(c & 0x7F) << 7)
+}
+
+/// int8 codes as f32, unscaled.
+pub(super) fn widen_i8(src: &[u8], dst: &mut [f32]) {
+    for (d, &c) in dst.iter_mut().zip(src) {
+        *d = f32::from(c as i8);
+    }
+}
+
+/// E4M3 codes as f32, unscaled and divided by 256 ([`f8_raw_bits`]).
+pub(super) fn widen_f8(src: &[u8], dst: &mut [f32]) {
+    for (d, &c) in dst.iter_mut().zip(src) {
+        *d = f16::from_bits(f8_raw_bits(c)).to_f32();
+    }
+}
+
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Four independent sums, so the loop is not one long dependency chain.
     let mut s = [0f32; 4];

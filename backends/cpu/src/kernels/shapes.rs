@@ -161,6 +161,25 @@ pub(super) fn four_row_dim_major(
     (d, bt, n)
 }
 
+/// The scales of a four-row scores call over `n` keys as a pointer to
+/// their first, or null where `scales` is empty (an unscaled dtype).
+///
+/// # Panics
+/// If `scales` is neither empty nor `n` long.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn key_scales(scales: &[f32], n: usize) -> *const f32 {
+    assert!(
+        scales.is_empty() || scales.len() == n,
+        "four-row kernels: {} scales for {n} keys",
+        scales.len()
+    );
+    if scales.is_empty() {
+        std::ptr::null()
+    } else {
+        scales.as_ptr()
+    }
+}
+
 /// The head width `d` and value count `n` of a four-row `weighted_sum`
 /// call: the rows of the segments of `values` (`unit` bytes per element)
 /// into four accumulators (`acc_len` elements) with `p_len` weights.
