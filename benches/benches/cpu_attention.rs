@@ -20,44 +20,12 @@ use kvslice_benches::decode_workload::{
     BATCH, BLOCK, CPU_KEY_ORDER, HEAD_DIM, KV_HEADS, Q_HEADS, cached_tables, decode_seqs, fill,
     kv_bytes, layout,
 };
+use kvslice_benches::read_loop::{in_parts, stream_read};
 use kvslice_core::testkit::{Rng, dim_major_blocks, max_rel_err};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, KeyOrder, KvDtype, PageBuf, PageId, SeqAttention,
 };
 use kvslice_cpu::{CpuEngine, Kernels, SoftmaxState};
-
-/// Sums `bytes` as u64 words with four accumulators per thread, on every
-/// core: the memory read bandwidth the attention has to live within.
-fn stream_read(bytes: &[u8], threads: usize) -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    let total = AtomicU64::new(0);
-    in_parts(bytes, threads, |part| {
-        let mut acc = [0u64; 4];
-        for line in part.chunks_exact(32) {
-            for (i, w) in line.chunks_exact(8).enumerate() {
-                acc[i] = acc[i].wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
-            }
-        }
-        total.fetch_add(acc.iter().fold(0u64, |a, b| a.wrapping_add(*b)), Relaxed);
-    });
-    total.into_inner()
-}
-
-/// Runs `f` over `bytes` on `threads` threads as the engine shares its
-/// work (`work_sharing`): parts of 1 MiB taken in address order from one
-/// counter by the calling thread and by the pool workers that start in
-/// time, so a pass pays what decode pays to start its threads.
-fn in_parts(bytes: &[u8], threads: usize, f: impl Fn(&[u8]) + Sync) {
-    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-    const PART: usize = 1 << 20;
-    let next = AtomicUsize::new(0);
-    let work = || {
-        while let Some(part) = bytes.chunks(PART).nth(next.fetch_add(1, Relaxed)) {
-            f(part);
-        }
-    };
-    kvslice_cpu::work_sharing::share_in_pool(&work, threads - 1);
-}
 
 /// An engine for every SIMD set this CPU runs other than `engine`'s (AVX2
 /// on an AVX-512 machine), by name, so that the sets are compared on the

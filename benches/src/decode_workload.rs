@@ -6,7 +6,8 @@
 
 use kvslice_core::testkit::{Rng, dim_major_blocks};
 use kvslice_core::{
-    KeyOrder, KvDtype, KvLayout, KvPart, LayoutSpec, PageBuf, PageId, PageMemoryMut, SeqAttention,
+    KeyOrder, KvDtype, KvLayout, KvPart, KvWrite, LayoutSpec, PageBuf, PageId, PageMemoryMut,
+    SeqAttention, write_kv,
 };
 
 /// Query heads.
@@ -95,6 +96,58 @@ pub fn fill(ctx: usize, shuffle: bool, order: KeyOrder) -> (PageBuf, Vec<Vec<Pag
     (pages, tables)
 }
 
+/// The workload's layout with K/V stored as `dtype`, keys in `order`.
+///
+/// ```
+/// use kvslice_core::{KeyOrder, KvDtype};
+/// use kvslice_benches::decode_workload::layout_of;
+///
+/// // int8 codes and a 4-byte scale per row of 128: 132 bytes where f16 takes 256.
+/// let l = layout_of(KvDtype::I8, KeyOrder::DimMajor);
+/// assert_eq!(l.page_bytes(), 2 * 8 * 16 * 132);
+/// ```
+pub fn layout_of(dtype: KvDtype, order: KeyOrder) -> KvLayout {
+    KvLayout::new(
+        LayoutSpec::new(1, Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype).with_key_order(order),
+    )
+    .expect("a valid layout")
+}
+
+/// [`fill`] for K/V stored as `dtype` (any dtype, scaled ones included),
+/// written through [`write_kv`] as a runtime writes them: consecutive
+/// pages per sequence, random values (the same for every dtype and order).
+///
+/// ```
+/// use kvslice_core::{KeyOrder, KvDtype, PageGeometry};
+/// use kvslice_benches::decode_workload::fill_as;
+///
+/// let (pages, tables) = fill_as(40, KvDtype::F8E4M3, KeyOrder::DimMajor);
+/// assert_eq!((pages.num_pages(), tables[7][2].0), (24, 23));
+/// ```
+pub fn fill_as(ctx: usize, dtype: KvDtype, order: KeyOrder) -> (PageBuf, Vec<Vec<PageId>>) {
+    let l = layout_of(dtype, order);
+    let per_seq = ctx.div_ceil(BLOCK as usize);
+    let total = per_seq * BATCH;
+    let mut pages = PageBuf::new(l, total as u32).expect("pages");
+    let mut rng = Rng::new(ctx as u64);
+    let row = (BLOCK * KV_HEADS * HEAD_DIM) as usize;
+    for p in 0..total as u32 {
+        let (k, v) = (rng.vec(row), rng.vec(row));
+        let w = KvWrite {
+            layer: 0,
+            shard: 0,
+            block_table: &[PageId(p)],
+            start: 0,
+            k: &k,
+            v: &v,
+        };
+        write_kv(&mut pages, &w).expect("write");
+    }
+    let ids: Vec<PageId> = (0..total as u32).map(PageId).collect();
+    let tables = ids.chunks(per_seq).map(<[PageId]>::to_vec).collect();
+    (pages, tables)
+}
+
 /// The same block tables cycling over each sequence's first two pages
 /// (for this workload's batch, 1 MiB in all): the work of a decode step
 /// over `tables` with its K and V cache-resident, which says what compute
@@ -124,6 +177,20 @@ pub fn decode_seqs(tables: &[Vec<PageId>], ctx: usize) -> Vec<SeqAttention<'_>> 
             q_len: 1,
         })
         .collect()
+}
+
+/// Bytes a decode step over `ctx` tokens reads from pages of `layout`:
+/// K and V, and a scaled dtype's scales.
+///
+/// ```
+/// use kvslice_core::{KeyOrder, KvDtype};
+/// use kvslice_benches::decode_workload::{kv_bytes, kv_bytes_of, layout_of};
+///
+/// assert_eq!(kv_bytes_of(&layout_of(KvDtype::F16, KeyOrder::DimMajor), 1024), kv_bytes(1024));
+/// ```
+pub fn kv_bytes_of(layout: &KvLayout, ctx: usize) -> u64 {
+    let per_token = layout.page_bytes() / layout.block_tokens() as usize;
+    (BATCH * ctx * per_token) as u64
 }
 
 /// Bytes of K and V a decode step over `ctx` tokens reads.

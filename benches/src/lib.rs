@@ -10,6 +10,7 @@ pub mod demo;
 pub mod llm;
 pub mod model;
 pub mod policy;
+pub mod read_loop;
 pub mod replay;
 #[cfg(feature = "events")]
 pub mod route;
@@ -23,6 +24,12 @@ pub mod trace;
 /// runs as this module's doc tests).
 #[doc = include_str!("../../docs/GUIDE.md")]
 pub mod guide {}
+
+/// int8 and fp8 K/V pages (`docs/QUANTIZATION.md`; its code runs as this
+/// module's doc tests).
+#[doc = include_str!("../../docs/QUANTIZATION.md")]
+#[doc(hidden)]
+pub mod quantization {}
 
 /// The README, whose code runs as this module's doc tests.
 #[doc = include_str!("../../README.md")]

@@ -40,7 +40,7 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
     // Up to four query heads per kv head: GQA decode with four reaches the
     // four-row kernels.
     let ratio = small(&mut u, 1, 4);
-    let dtype = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16][small(&mut u, 0, 2) as usize];
+    let dtype = KvDtype::ALL[small(&mut u, 0, 4) as usize];
     let (layers, hd, bt) = (
         small(&mut u, 1, 2),
         small(&mut u, 1, 16),

@@ -20,7 +20,7 @@ use kvslice_redis::TieredStore;
 fn every_dtype_and_key_order_round_trips() {
     let mut rng = Rng::new(38);
     let mut checked = 0;
-    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+    for dtype in KvDtype::ALL {
         for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
             let layout =
                 KvLayout::new(LayoutSpec::new(2, 4, 2, 16, 8, dtype).with_key_order(order))
@@ -99,7 +99,7 @@ fn every_dtype_and_key_order_round_trips() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 6);
+    assert_eq!(checked, 10);
 }
 
 fn attend<P>(memory: &P, table: &[PageId], layer: u32, q: &[f32]) -> Vec<f32>

@@ -36,16 +36,24 @@ pub fn engine(name: &str) -> Result<Box<DynEngine>, String> {
     })
 }
 
-/// K/V page dtype by name.
+/// K/V page dtype by name ([`KvDtype::name`]: f32, f16, bf16, int8,
+/// fp8-e4m3).
+///
+/// ```
+/// use kvslice_benches::llm::cli::kv_dtype;
+/// use kvslice_core::KvDtype;
+///
+/// assert_eq!(kv_dtype("int8"), Ok(KvDtype::I8));
+/// assert!(kv_dtype("q4").unwrap_err().contains("fp8-e4m3"));
+/// ```
 pub fn kv_dtype(name: &str) -> Result<KvDtype, String> {
-    match name {
-        "f32" => Ok(KvDtype::F32),
-        "f16" => Ok(KvDtype::F16),
-        "bf16" => Ok(KvDtype::Bf16),
-        other => Err(format!(
-            "unknown K/V dtype {other:?}; known: f32, f16, bf16"
-        )),
-    }
+    KvDtype::ALL
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = KvDtype::ALL.iter().map(|d| d.name()).collect();
+            format!("unknown K/V dtype {name:?}; known: {}", known.join(", "))
+        })
 }
 
 /// Options every model command shares.
@@ -58,7 +66,8 @@ pub struct ModelArgs {
     /// Attention engine: cpu, reference or wgpu.
     #[arg(long, default_value = "cpu")]
     pub engine: String,
-    /// Storage dtype of K/V pages: f16, bf16 or f32.
+    /// Storage dtype of K/V pages: f16, bf16, f32, int8 or fp8-e4m3 (8-bit
+    /// types with a scale per row; the cpu and reference engines read them).
     #[arg(long, default_value = "f16")]
     pub kv_dtype: String,
     /// `dense-prefill`: prompts through weights dequantized to f32, single

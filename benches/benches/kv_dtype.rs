@@ -1,0 +1,117 @@
+//! Decode over 8-bit K/V (int8 and fp8 E4M3, a scale per row) against f16
+//! K/V, and each against the read loop over the bytes it actually reads
+//! (codes and scales), in interleaved rounds of one run.
+//!
+//! Workload: 32 query heads, 8 kv heads, head_dim 128, 16-token pages with
+//! keys dim-major (the CPU engine's order), batch 8, contexts 8k and 32k,
+//! every core. Each row reports the median over the rounds of the mean of
+//! `REPS` calls.
+//!
+//! ```sh
+//! cargo bench -p kvslice-benches --bench kv_dtype
+//! KVSLICE_BENCH_ROUNDS=11 cargo bench -p kvslice-benches --bench kv_dtype
+//! ```
+
+use std::hint::black_box;
+use std::io::Write;
+use std::time::Instant;
+
+use kvslice_benches::decode_workload::{
+    BATCH, CPU_KEY_ORDER, HEAD_DIM, Q_HEADS, decode_seqs, fill_as, kv_bytes_of,
+};
+use kvslice_benches::read_loop::stream_read;
+use kvslice_core::testkit::{Rng, max_rel_err};
+use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, PageGeometry};
+use kvslice_cpu::CpuEngine;
+
+/// Calls per timing, averaged.
+const REPS: u32 = 3;
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Mean seconds of `REPS` calls of `f`.
+fn time(mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..REPS {
+        f();
+    }
+    t.elapsed().as_secs_f64() / f64::from(REPS)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing here takes arguments.
+    let rounds: usize = std::env::var("KVSLICE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7)
+        .max(1);
+    let engine = CpuEngine::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "kv_dtype: kvslice-cpu kernels {}, {threads} threads, {rounds} rounds of {REPS} calls",
+        engine.kernels().name
+    );
+    let dtypes = [KvDtype::F16, KvDtype::I8, KvDtype::F8E4M3];
+    for ctx in [8192usize, 32768] {
+        eprint!("ctx {ctx}: writing pages");
+        let data: Vec<_> = dtypes
+            .iter()
+            .map(|&dt| {
+                let (pages, tables) = fill_as(ctx, dt, CPU_KEY_ORDER);
+                eprint!(" {}", dt.name());
+                let bytes = kv_bytes_of(pages.layout(), ctx);
+                (dt, pages, tables, bytes)
+            })
+            .collect();
+        eprintln!();
+        let q = Rng::new(9).vec(BATCH * (Q_HEADS * HEAD_DIM) as usize);
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        let mut outs: Vec<Vec<f32>> = vec![vec![0f32; q.len()]; dtypes.len()];
+        let mut attend = vec![Vec::new(); dtypes.len()];
+        let mut read = vec![Vec::new(); dtypes.len()];
+        for round in 0..rounds {
+            eprint!("\rround {}/{rounds}", round + 1);
+            let _ = std::io::stderr().flush();
+            for (i, (_, pages, tables, bytes)) in data.iter().enumerate() {
+                let seqs = decode_seqs(tables, ctx);
+                let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
+                let out = &mut outs[i];
+                attend[i].push(time(|| {
+                    engine.attend(pages, &batch, out).unwrap();
+                    black_box(&*out);
+                }));
+                let span = &pages.bytes()[..*bytes as usize];
+                read[i].push(time(|| {
+                    black_box(stream_read(span, threads));
+                }));
+            }
+        }
+        eprintln!();
+        // The 8-bit outputs against f16's: the cost in accuracy of reading
+        // fewer bytes, on the same random K/V (f16's own rounding aside).
+        let f16_out: Vec<f64> = outs[0].iter().map(|&x| f64::from(x)).collect();
+        let f16_time = median(attend[0].clone());
+        println!(
+            "| ctx | dtype | MB read | decode ms | GB/s | vs f16 | read loop GB/s | of read loop | max rel diff vs f16 |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        for (i, (dt, _, _, bytes)) in data.iter().enumerate() {
+            let (t, r) = (median(attend[i].clone()), median(read[i].clone()));
+            let gb = *bytes as f64 / 1e9;
+            println!(
+                "| {ctx} | {} | {:.1} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.0}% | {:.1e} |",
+                dt.name(),
+                *bytes as f64 / 1e6,
+                t * 1e3,
+                gb / t,
+                f16_time / t,
+                gb / r,
+                100.0 * r / t,
+                max_rel_err(&outs[i], &f16_out),
+            );
+        }
+    }
+}
