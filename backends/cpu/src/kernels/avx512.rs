@@ -138,10 +138,9 @@ unsafe fn load16<const E: u8>(p: *const u8, i: usize, m: __mmask16) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn f8_to_f16_bits(x: __m128i) -> __m256i {
-    let w = _mm256_cvtepu8_epi16(x);
-    let magnitude = _mm256_slli_epi16::<7>(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)));
-    let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(w, _mm256_set1_epi16(0x80)));
-    _mm256_or_si256(magnitude, sign)
+    // As `avx2::f8_to_f16_bits`, sixteen lanes.
+    let w = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(x));
+    _mm256_and_si256(w, _mm256_set1_epi16(!0x4000))
 }
 
 /// The sum of a 16-lane vector's halves, as eight lanes (for [`hsum4`]).

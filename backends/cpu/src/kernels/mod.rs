@@ -767,6 +767,36 @@ mod tests {
         }
     }
 
+    /// Every 8-bit code (E4M3's two NaN codes aside, never written) reads
+    /// as [`raw_values`] says through each set's stored-row kernels: a
+    /// score against a one-hot query is the code's raw value, exactly (−0
+    /// sums to +0 with the zeros beside it).
+    #[test]
+    fn stored_kernels_read_every_8_bit_code_exactly() {
+        let d = 8;
+        for dtype in [KvDtype::I8, KvDtype::F8E4M3] {
+            let codes: Vec<u8> = (0..=255u8)
+                .filter(|c| dtype == KvDtype::I8 || c & 0x7F != 0x7F)
+                .collect();
+            let want = raw_values(dtype, &codes);
+            // Key j holds code j then zeros.
+            let keys: Vec<u8> = codes
+                .iter()
+                .flat_map(|&c| [c, 0, 0, 0, 0, 0, 0, 0])
+                .collect();
+            let mut q = vec![0f32; d];
+            q[0] = 1.0;
+            for k in all().into_iter().filter(|k| k.stored.is_some()) {
+                let sk = k.stored.unwrap();
+                let mut got = vec![f32::NAN; codes.len()];
+                (sk.scores)(dtype, &q, 1, &keys, codes.len(), &mut got, &[]);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g, w, "{} {dtype:?} code {:#04x}", k.name, codes[i]);
+                }
+            }
+        }
+    }
+
     /// Every 16-bit pattern (normals, subnormals, ±0, ±inf, NaNs) widens to
     /// the same f32 bits as the `half` crate, in every kernel set and at
     /// every position of a vector (odd offsets exercise the tails).
