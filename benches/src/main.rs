@@ -53,6 +53,9 @@ enum Command {
     /// Decode and prefill of the real model against candle's own KV cache.
     #[cfg(feature = "llm")]
     ModelBench(kvslice_benches::llm::cli::ModelBenchArgs),
+    /// What 8-bit K/V costs the real model: greedy agreement and NLL per K/V dtype.
+    #[cfg(feature = "llm")]
+    KvAccuracy(kvslice_benches::llm::cli::KvAccuracyArgs),
 }
 
 #[derive(Args, Clone)]
@@ -72,6 +75,9 @@ struct ServeArgs {
     /// Cache capacity in 16-token pages.
     #[arg(long, default_value_t = 256)]
     capacity_pages: u32,
+    /// Storage dtype of K/V pages: f16, bf16, f32, int8 or fp8-e4m3.
+    #[arg(long, default_value = "f16")]
+    kv_dtype: String,
     /// One JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -252,6 +258,8 @@ fn main() -> ExitCode {
         Command::Profile(args) => kvslice_benches::llm::cli::run_profile(&args),
         #[cfg(feature = "llm")]
         Command::ModelBench(args) => kvslice_benches::llm::cli::run_model_bench(&args),
+        #[cfg(feature = "llm")]
+        Command::KvAccuracy(args) => kvslice_benches::llm::cli::run_kv_accuracy(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -589,6 +597,7 @@ fn run_serve(args: &ServeArgs) -> Result<(), String> {
         system_prompts: args.system_prompts,
         decode_steps: args.decode_steps,
         capacity_pages: args.capacity_pages,
+        kv_dtype: kvslice_benches::parse_kv_dtype(&args.kv_dtype)?,
         ..ServeConfig::default()
     };
     let report = match args.engine.as_str() {

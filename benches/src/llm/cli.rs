@@ -36,24 +36,9 @@ pub fn engine(name: &str) -> Result<Box<DynEngine>, String> {
     })
 }
 
-/// K/V page dtype by name ([`KvDtype::name`]: f32, f16, bf16, int8,
-/// fp8-e4m3).
-///
-/// ```
-/// use kvslice_benches::llm::cli::kv_dtype;
-/// use kvslice_core::KvDtype;
-///
-/// assert_eq!(kv_dtype("int8"), Ok(KvDtype::I8));
-/// assert!(kv_dtype("q4").unwrap_err().contains("fp8-e4m3"));
-/// ```
+/// K/V page dtype by name ([`crate::parse_kv_dtype`]).
 pub fn kv_dtype(name: &str) -> Result<KvDtype, String> {
-    KvDtype::ALL
-        .into_iter()
-        .find(|d| d.name() == name)
-        .ok_or_else(|| {
-            let known: Vec<&str> = KvDtype::ALL.iter().map(|d| d.name()).collect();
-            format!("unknown K/V dtype {name:?}; known: {}", known.join(", "))
-        })
+    crate::parse_kv_dtype(name)
 }
 
 /// Options every model command shares.
@@ -310,6 +295,76 @@ pub struct ProfileArgs {
     /// Where to write the SVG plot (KV memory against wall time).
     #[arg(long, default_value = "kvslice-profile.svg")]
     pub out: PathBuf,
+}
+
+/// `kvslice kv-accuracy`.
+#[derive(Args, Clone, Debug)]
+pub struct KvAccuracyArgs {
+    /// The GGUF (default: as for `generate`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Attention engine: cpu or reference (wgpu stores no 8-bit pages).
+    #[arg(long, default_value = "cpu")]
+    pub engine: String,
+    /// K/V dtypes to compare (comma-separated), the first the baseline.
+    #[arg(long, value_delimiter = ',', default_value = "f16,int8,fp8-e4m3")]
+    pub kv_dtypes: Vec<String>,
+    /// The workload whose first turns are answered and scored.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/chat_workload.json"))]
+    pub workload: PathBuf,
+    /// Tokens of each baseline reply (at most).
+    #[arg(long, default_value_t = 48)]
+    pub max_new: usize,
+    /// A text file whose log-likelihood is scored (default: a built-in
+    /// passage of about 220 tokens).
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+}
+
+/// Scores each K/V dtype's cache against the first's on the real model.
+pub fn run_kv_accuracy(args: &KvAccuracyArgs) -> Result<(), String> {
+    let dtypes = args
+        .kv_dtypes
+        .iter()
+        .map(|d| kv_dtype(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    if dtypes.is_empty() {
+        return Err("give at least one --kv-dtypes".into());
+    }
+    let workload = Workload::read(&args.workload).map_err(|e| e.to_string())?;
+    let text = match &args.text {
+        Some(f) => {
+            std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?
+        }
+        None => super::kv_accuracy::PASSAGE.to_string(),
+    };
+    let model_args = ModelArgs {
+        model: args.model.clone(),
+        engine: args.engine.clone(),
+        kv_dtype: dtypes[0].name().into(),
+        matmuls: "dense-prefill".into(),
+    };
+    let (model, _) = model_args.load()?;
+    let engine = engine(&args.engine)?;
+    let rows = super::kv_accuracy::kv_accuracy(
+        &model,
+        &*engine,
+        &dtypes,
+        &workload,
+        &text,
+        args.max_new,
+        true,
+    )
+    .map_err(|e| e.to_string())?;
+    println!(
+        "{} first turns answered by {} ({} reply tokens), scored teacher-forced; NLL over {} text tokens\n",
+        workload.conversations.len(),
+        dtypes[0].name(),
+        rows[0].reply_tokens,
+        rows[0].text_tokens
+    );
+    print!("{}", super::kv_accuracy::table(&rows));
+    Ok(())
 }
 
 /// Runs the chat workload under every strategy and reports.

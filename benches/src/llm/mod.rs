@@ -18,6 +18,7 @@
 
 pub mod cli;
 mod error;
+pub mod kv_accuracy;
 pub mod peer;
 pub mod profile;
 pub mod runner;
@@ -27,7 +28,7 @@ pub mod weights;
 use std::path::Path;
 
 pub use error::{LlmError, Result};
-pub use runner::{Generation, Reuse, Runner, cache_layout};
+pub use runner::{Generation, Reuse, Runner, Scored, cache_layout};
 pub use tokenizer::TextCodec;
 pub use weights::{Llama, LlamaConfig, Matmuls, default_model_path};
 

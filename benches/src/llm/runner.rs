@@ -85,6 +85,61 @@ pub struct Generation {
     pub pages_in_use: u32,
 }
 
+/// What teacher-forced scoring of a text found ([`Runner::score`]): for
+/// each token after the first, the model's greedy choice there and the
+/// log-probability it gave the text's token.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scored {
+    /// The most likely token at each predicted position.
+    pub greedy: Vec<u32>,
+    /// The natural log-probability of the text's token there.
+    pub logprobs: Vec<f64>,
+}
+
+impl Scored {
+    /// Mean negative log-likelihood per predicted token, in nats.
+    ///
+    /// ```
+    /// use kvslice_benches::llm::Scored;
+    ///
+    /// let s = Scored { greedy: vec![1, 2], logprobs: vec![-1.0, -3.0] };
+    /// assert_eq!(s.mean_nll(), 2.0);
+    /// ```
+    pub fn mean_nll(&self) -> f64 {
+        -self.logprobs.iter().sum::<f64>() / self.logprobs.len().max(1) as f64
+    }
+
+    /// The fraction of positions where this and `other` chose the same
+    /// greedy token (over the shorter of the two).
+    ///
+    /// ```
+    /// use kvslice_benches::llm::Scored;
+    ///
+    /// let a = Scored { greedy: vec![1, 2, 3, 4], logprobs: vec![0.0; 4] };
+    /// let b = Scored { greedy: vec![1, 2, 9, 4], logprobs: vec![0.0; 4] };
+    /// assert_eq!(a.agreement(&b), 0.75);
+    /// ```
+    pub fn agreement(&self, other: &Scored) -> f64 {
+        let n = self.greedy.len().min(other.greedy.len());
+        let same = self
+            .greedy
+            .iter()
+            .zip(&other.greedy)
+            .filter(|(a, b)| a == b)
+            .count();
+        same as f64 / n.max(1) as f64
+    }
+}
+
+/// `ln softmax(logits)[token]`, in f64.
+fn log_prob(logits: &[f32], token: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    logits
+        .get(token as usize)
+        .map_or(f64::NEG_INFINITY, |&l| f64::from(l) - max - sum.ln())
+}
+
 /// Greedy generation over a [`Llama`] with its K/V in a [`CacheStore`].
 pub struct Runner<'a, E: ?Sized> {
     model: &'a Llama,
@@ -300,6 +355,62 @@ where
             }
         }
         store.end_request(request)?;
+        Ok(out)
+    }
+
+    /// Scores `tokens` teacher-forced from position `from` on: the tokens
+    /// before `from` are prefilled in one pass, then one decode step per
+    /// token, each attending over the K/V of the tokens before it as the
+    /// store's pages hold them (so in the store's dtype), nothing looked up
+    /// or published. Position `i` of the result predicts
+    /// `tokens[from + i]` (`from` is at least 1). Every page is released
+    /// before it returns, on error too.
+    pub fn score<P: EvictionPolicy>(
+        &self,
+        store: &CacheStore<'static, P>,
+        tokens: &[u32],
+        from: usize,
+    ) -> Result<Scored> {
+        let c = &self.model.config;
+        if from == 0 || from >= tokens.len() {
+            return Err(LlmError::Cache(kvslice_core::Error::InvalidValue(
+                "scoring predicts tokens from 1 to the last",
+            )));
+        }
+        if tokens.len() > c.context {
+            return Err(LlmError::PromptTooLong {
+                tokens: tokens.len(),
+                context: c.context,
+            });
+        }
+        if store.layout() != self.coord.layout() {
+            return Err(LlmError::Cache(kvslice_core::Error::InvalidValue(
+                "the store's layout is not the runner's",
+            )));
+        }
+        let guard = store.pin();
+        let blocks = tokens.len().div_ceil(BLOCK_TOKENS as usize);
+        let mut all = store
+            .allocate(c.layers * blocks as u32, &guard)?
+            .into_iter();
+        let mut fresh: Vec<Vec<PageMut<'_, 'static>>> = (0..c.layers)
+            .map(|_| all.by_ref().take(blocks).collect())
+            .collect();
+        let tables: Vec<Vec<PageId>> = fresh
+            .iter()
+            .map(|l| l.iter().map(|p| p.handle().id()).collect())
+            .collect();
+        let mut view = PageView::new(store.pool());
+        fresh.iter_mut().flatten().for_each(|p| view.add_mut(p));
+        let mut out = Scored::default();
+        let mut logits = self.forward(&mut view, &tables, &tokens[..from], 0, &[])?;
+        for pos in from..tokens.len() {
+            out.greedy.push(argmax(&logits));
+            out.logprobs.push(log_prob(&logits, tokens[pos]));
+            if pos + 1 < tokens.len() {
+                logits = self.forward(&mut view, &tables, &tokens[pos..=pos], pos, &[])?;
+            }
+        }
         Ok(out)
     }
 
