@@ -20,6 +20,27 @@ pub mod sweep;
 pub mod tier;
 pub mod trace;
 
+/// A K/V dtype from its name on a command line ([`KvDtype::name`]: f32,
+/// f16, bf16, int8, fp8-e4m3), or an error that lists them.
+///
+/// ```
+/// use kvslice_benches::parse_kv_dtype;
+/// use kvslice_core::KvDtype;
+///
+/// assert_eq!(parse_kv_dtype("int8"), Ok(KvDtype::I8));
+/// assert!(parse_kv_dtype("q4").unwrap_err().contains("fp8-e4m3"));
+/// ```
+pub fn parse_kv_dtype(name: &str) -> Result<kvslice_core::KvDtype, String> {
+    use kvslice_core::KvDtype;
+    KvDtype::ALL
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| {
+            let known: Vec<&str> = KvDtype::ALL.iter().map(|d| d.name()).collect();
+            format!("unknown K/V dtype {name:?}; known: {}", known.join(", "))
+        })
+}
+
 /// Embedding kvslice in a runtime, step by step (`docs/GUIDE.md`; its code
 /// runs as this module's doc tests).
 #[doc = include_str!("../../docs/GUIDE.md")]

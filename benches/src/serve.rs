@@ -41,6 +41,9 @@ pub struct ServeConfig {
     pub capacity_pages: u32,
     /// Seed for weights and prompts.
     pub seed: u64,
+    /// Storage dtype of K/V pages (int8 and fp8 on the cpu and reference
+    /// engines only).
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for ServeConfig {
@@ -53,6 +56,7 @@ impl Default for ServeConfig {
             decode_steps: 8,
             capacity_pages: 256,
             seed: 7,
+            kv_dtype: KvDtype::F16,
         }
     }
 }
@@ -89,14 +93,14 @@ struct Generation {
     logits: Vec<f32>,
 }
 
-fn layout(spec: &ModelSpec) -> Result<KvLayout> {
+fn layout(spec: &ModelSpec, dtype: KvDtype) -> Result<KvLayout> {
     KvLayout::new(LayoutSpec::new(
         spec.layers,
         spec.q_heads,
         spec.kv_heads,
         spec.head_dim,
         BLOCK_TOKENS,
-        KvDtype::F16,
+        dtype,
     ))
 }
 
@@ -146,7 +150,7 @@ where
 {
     let spec = ModelSpec::SMALL;
     let model = Model::new(spec, cfg.seed);
-    let layout = layout(&spec)?;
+    let layout = layout(&spec, cfg.kv_dtype)?;
     let bt = BLOCK_TOKENS as usize;
     let requests = prompts(cfg);
     let longest = requests.iter().map(|p| p.len()).max().unwrap_or(0) + cfg.decode_steps;

@@ -3,9 +3,17 @@
 //! tolerance), on the CPU, reference and wgpu engines.
 
 use kvslice_benches::serve::{ServeConfig, serve};
+use kvslice_core::KvDtype;
 
 #[test]
 fn reuse_matches_recompute_on_every_engine() {
+    for kv_dtype in [KvDtype::F16, KvDtype::I8, KvDtype::F8E4M3] {
+        reuse_matches_recompute_with(kv_dtype);
+    }
+}
+
+/// The CPU and reference engines over K/V stored as `kv_dtype`.
+fn reuse_matches_recompute_with(kv_dtype: KvDtype) {
     let cfg = ServeConfig {
         requests: 9,
         system_prompts: 2,
@@ -14,6 +22,7 @@ fn reuse_matches_recompute_on_every_engine() {
         decode_steps: 4,
         capacity_pages: 64,
         seed: 3,
+        kv_dtype,
     };
     for report in [
         serve(&kvslice_cpu::CpuEngine::new(), "cpu", &cfg).unwrap(),
@@ -41,6 +50,7 @@ fn reuse_matches_recompute_on_the_wgpu_engine() {
         decode_steps: 3,
         capacity_pages: 48,
         seed: 4,
+        kv_dtype: KvDtype::F16,
     };
     let report = serve(&kvslice_wgpu::StagingEngine::new(engine), "wgpu", &cfg).unwrap();
     assert!(report.tokens_match, "{report:?}");

@@ -46,6 +46,14 @@
 // Pages store K/V as bfloat16.
 #define KVS_DTYPE_BF16 2
 
+// Pages store K/V as int8 codes with one f32 scale per token and kv head
+// (docs/QUANTIZATION.md).
+#define KVS_DTYPE_I8 3
+
+// Pages store K/V as fp8 E4M3 codes with one f32 scale per token and kv
+// head (docs/QUANTIZATION.md).
+#define KVS_DTYPE_F8E4M3 4
+
 // Keys stored `[token][head_dim]` (the default).
 #define KVS_KEY_ORDER_TOKEN_MAJOR 0
 

@@ -18,6 +18,8 @@ fn spec(s: &KvsLayoutSpec) -> Outcome<LayoutSpec> {
         types::KVS_DTYPE_F32 => KvDtype::F32,
         types::KVS_DTYPE_F16 => KvDtype::F16,
         types::KVS_DTYPE_BF16 => KvDtype::Bf16,
+        types::KVS_DTYPE_I8 => KvDtype::I8,
+        types::KVS_DTYPE_F8E4M3 => KvDtype::F8E4M3,
         d => return Err(Failure::invalid(format!("unknown dtype {d} (KVS_DTYPE_*)"))),
     };
     let grouping = match s.layers_per_group {

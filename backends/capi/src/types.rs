@@ -82,6 +82,12 @@ pub const KVS_DTYPE_F32: u32 = 0;
 pub const KVS_DTYPE_F16: u32 = 1;
 /// Pages store K/V as bfloat16.
 pub const KVS_DTYPE_BF16: u32 = 2;
+/// Pages store K/V as int8 codes with one f32 scale per token and kv head
+/// (docs/QUANTIZATION.md).
+pub const KVS_DTYPE_I8: u32 = 3;
+/// Pages store K/V as fp8 E4M3 codes with one f32 scale per token and kv
+/// head (docs/QUANTIZATION.md).
+pub const KVS_DTYPE_F8E4M3: u32 = 4;
 
 /// Keys stored `[token][head_dim]` (the default).
 pub const KVS_KEY_ORDER_TOKEN_MAJOR: u32 = 0;

@@ -605,3 +605,39 @@ fn a_window_limits_what_attend_reads() {
         assert_eq!(kvs_request_end(req), KvsStatus::Ok);
     }
 }
+
+/// The 8-bit dtypes are layouts like any other: their pages hold the codes
+/// and a 4-byte scale per row, as core's layout says.
+#[test]
+fn eight_bit_layouts_size_their_pages_as_core_does() {
+    for (dtype, core_dtype) in [
+        (KVS_DTYPE_I8, kvslice_core::KvDtype::I8),
+        (KVS_DTYPE_F8E4M3, kvslice_core::KvDtype::F8E4M3),
+    ] {
+        let spec = KvsLayoutSpec {
+            num_layers: 2,
+            num_q_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            block_tokens: 4,
+            dtype,
+            layers_per_group: 1,
+            ..Default::default()
+        };
+        let mut layout = KvsLayout { id: 0 };
+        let mut info = KvsLayoutInfo::default();
+        // SAFETY: live locals of the stated types.
+        unsafe {
+            assert_eq!(kvs_layout_new(&spec, &mut layout), KvsStatus::Ok);
+            assert_eq!(kvs_layout_info(layout, &mut info), KvsStatus::Ok);
+        }
+        let core = kvslice_core::KvLayout::new(
+            kvslice_core::LayoutSpec::new(2, 4, 2, 16, 4, core_dtype)
+                .with_grouping(kvslice_core::LayerGrouping::PerLayer),
+        )
+        .unwrap();
+        // K and V of 2 heads × 4 tokens: 16 codes and a 4-byte scale each.
+        assert_eq!(info.page_bytes, 2 * 2 * 4 * (16 + 4));
+        assert_eq!(info.page_bytes, core.page_bytes());
+    }
+}
