@@ -20,7 +20,8 @@ pub mod sweep;
 pub mod tier;
 pub mod trace;
 
-/// A K/V dtype from its name on a command line ([`KvDtype::name`]: f32,
+/// A K/V dtype from its name on a command line
+/// ([`kvslice_core::KvDtype::name`]: f32,
 /// f16, bf16, int8, fp8-e4m3), or an error that lists them.
 ///
 /// ```
