@@ -76,32 +76,32 @@ fn amax(row: &[f32]) -> f32 {
     row.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
 
-/// int8 codes of `src` into `out`, returning the row's scale.
-pub(super) fn quantize_i8(src: &[f32], out: &mut [u8]) -> f32 {
+/// Codes of `src` into `out` for a type whose largest code is
+/// `max_code`, `code` rounding a value already in range; returns the
+/// row's scale.
+fn quantize(src: &[f32], out: &mut [u8], max_code: f32, code: impl Fn(f32) -> u8) -> f32 {
     let a = amax(src);
     if a < SCALED_ZERO_BELOW {
         out.fill(0);
         return 0.0;
     }
-    let inv = I8_MAX / a;
+    let inv = max_code / a;
     for (o, x) in out.iter_mut().zip(src) {
-        *o = libm::rintf(x * inv).clamp(-I8_MAX, I8_MAX) as i8 as u8;
+        *o = code(x * inv);
     }
-    a / I8_MAX
+    a / max_code
+}
+
+/// int8 codes of `src` into `out`, returning the row's scale.
+pub(super) fn quantize_i8(src: &[f32], out: &mut [u8]) -> f32 {
+    quantize(src, out, I8_MAX, |y| {
+        libm::rintf(y).clamp(-I8_MAX, I8_MAX) as i8 as u8
+    })
 }
 
 /// E4M3 codes of `src` into `out`, returning the row's scale.
 pub(super) fn quantize_f8e4m3(src: &[f32], out: &mut [u8]) -> f32 {
-    let a = amax(src);
-    if a < SCALED_ZERO_BELOW {
-        out.fill(0);
-        return 0.0;
-    }
-    let inv = F8E4M3_MAX / a;
-    for (o, x) in out.iter_mut().zip(src) {
-        *o = f8e4m3_from_f32(x * inv);
-    }
-    a / F8E4M3_MAX
+    quantize(src, out, F8E4M3_MAX, f8e4m3_from_f32)
 }
 
 #[cfg(test)]
