@@ -884,9 +884,10 @@ fn four_row_threes(n: usize) -> usize {
 ///
 /// # Safety
 /// `q` is valid for `4·d` reads, the segments of `keys` hold `n` whole
-/// keys of `d` elements of encoding `E` in all, `w` is valid for `4·n`
-/// writes, and the three pointers of `state` (max, sum, rescale) for 4
-/// reads and writes each; `d % 8 == 0`; AVX2, FMA and F16C are present.
+/// keys of `d` elements of encoding `E` in all, `scales` is null or valid
+/// for `n` reads, `w` is valid for `4·n` writes, and the three pointers of
+/// `state` (max, sum, rescale) for 4 reads and writes each; `d % 8 == 0`;
+/// AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn four_row_scores_softmax_avx2<const E: u8>(
     q: *const f32,
@@ -899,7 +900,8 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
 ) {
     // SAFETY: keys `j..j + K` stay under the segment's `m` by the loop
     // bounds, so every read is within the segment and every write under
-    // `4·n` (`base + m ≤ n`); the state is four lanes; as the contract
+    // `4·n` (`base + m ≤ n`); `scale_key_major` gets the `4·n` weights and
+    // the null or `n` scales; the state is four lanes; as the contract
     // requires.
     unsafe {
         let mut n = 0;
@@ -977,9 +979,9 @@ unsafe fn four_row_scores_softmax_avx2<const E: u8>(
 /// # Safety
 /// `q` is valid for `4·d` reads, each segment of `keys` is one block of
 /// `bt` keys (`bt % 16 == 0`) of `d` elements of encoding `E` stored
-/// `[d][bt]`, `w` is valid for `4·n` writes (`n` the keys in all), and the
-/// three pointers of `state` (max, sum, rescale) for 4 reads and writes
-/// each; AVX2, FMA and F16C are present.
+/// `[d][bt]`, `scales` is null or valid for `n` reads, `w` is valid for
+/// `4·n` writes (`n` the keys in all), and the three pointers of `state`
+/// (max, sum, rescale) for 4 reads and writes each; AVX2, FMA and F16C are present.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dim_major_scores_softmax_avx2<const E: u8>(
@@ -1000,8 +1002,9 @@ unsafe fn dim_major_scores_softmax_avx2<const E: u8>(
     let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
     let mut g = 0;
     // SAFETY: group `gb` of a segment reads elements `c·bt + 16·gb..+16`
-    // for `c < d`, inside its `bt·d` elements; group `g` writes weights
-    // `64g..64g + 64`, under `4·n`; as the contract requires.
+    // for `c < d`, inside its `bt·d` elements; group `g` reads scales
+    // `16g..16g + 16` (when not null) and writes weights `64g..64g + 64`,
+    // under `n` and `4·n`; as the contract requires.
     unsafe {
         for (s, seg) in keys.iter().enumerate() {
             let pair = ahead.region(s, seg.as_ptr(), seg.len());
