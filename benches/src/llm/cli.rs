@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use clap::Args;
 use kvslice_core::coordinator::{TokenBudget, Truncation};
-use kvslice_core::{AttentionEngine, CacheStore, KvDtype, PageView};
+use kvslice_core::{AttentionEngine, CacheStore, PageView};
 
 use super::peer::CandleLlama;
 use super::profile::{Workload, default_strategies, plot, profile, table};
 use super::runner::{BLOCK_TOKENS, Reuse, Runner, cache_layout};
 use super::{Matmuls, ModelFile, default_model_path};
+use crate::parse_kv_dtype;
 
 /// An attention engine for host pages, chosen by name.
 pub type DynEngine = dyn for<'v> AttentionEngine<PageView<'v>>;
@@ -34,11 +35,6 @@ pub fn engine(name: &str) -> Result<Box<DynEngine>, String> {
             ));
         }
     })
-}
-
-/// K/V page dtype by name ([`crate::parse_kv_dtype`]).
-pub fn kv_dtype(name: &str) -> Result<KvDtype, String> {
-    crate::parse_kv_dtype(name)
 }
 
 /// Options every model command shares.
@@ -180,7 +176,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
     }
     let (model, _) = args.model.load()?;
     let engine = engine(&args.model.engine)?;
-    let layout = cache_layout(&model.llama.config, kv_dtype(&args.model.kv_dtype)?)
+    let layout = cache_layout(&model.llama.config, parse_kv_dtype(&args.model.kv_dtype)?)
         .map_err(|e| e.to_string())?;
     let store = CacheStore::new(
         layout,
@@ -326,7 +322,7 @@ pub fn run_kv_accuracy(args: &KvAccuracyArgs) -> Result<(), String> {
     let dtypes = args
         .kv_dtypes
         .iter()
-        .map(|d| kv_dtype(d))
+        .map(|d| parse_kv_dtype(d))
         .collect::<Result<Vec<_>, _>>()?;
     if dtypes.is_empty() {
         return Err("give at least one --kv-dtypes".into());
@@ -395,7 +391,7 @@ pub fn run_profile(args: &ProfileArgs) -> Result<(), String> {
         &workload,
         &strategies,
         args.max_new,
-        kv_dtype(&args.model.kv_dtype)?,
+        parse_kv_dtype(&args.model.kv_dtype)?,
         !args.json,
     )
     .map_err(|e| e.to_string())?;
@@ -472,7 +468,7 @@ pub fn run_model_bench(args: &ModelBenchArgs) -> Result<(), String> {
     let (dense, _) = args.model.load_as(Matmuls::DensePrefill)?;
     let mut peer = CandleLlama::load(&path, Matmuls::Quantized).map_err(|e| e.to_string())?;
     let engine = engine(&args.model.engine)?;
-    let layout = cache_layout(&model.llama.config, kv_dtype(&args.model.kv_dtype)?)
+    let layout = cache_layout(&model.llama.config, parse_kv_dtype(&args.model.kv_dtype)?)
         .map_err(|e| e.to_string())?;
     let runner = Runner::new(&model.llama, &*engine, layout, *b"kvslice-bench!!!");
     let dense_runner = Runner::new(&dense.llama, &*engine, layout, *b"kvslice-bench!!!");
