@@ -1,6 +1,6 @@
 //! [`WgpuEngine`]: the attention and write passes, recorded and submitted.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kvslice_core::{
     AttentionBatch, AttentionEngine, DeviceFailure, Error, KvLayout, KvPart, KvWrite, PageBuf,
@@ -9,8 +9,9 @@ use kvslice_core::{
 
 use crate::gpu::{AdapterSummary, GUARANTEED_BINDING_BYTES, Gpu};
 use crate::pages::DevicePages;
-use crate::plan::{KEY_TILE, plan, tile_rows};
-use crate::shader::{Kernel, Pipelines, ShaderKey, WORKGROUP_SIZE, first_pool_binding};
+use crate::scratch::{ParamSlots, Scratch, le_bytes};
+use crate::shader::Pipelines;
+use crate::step::{DeviceAttend, DeviceRegion, DeviceStep};
 
 /// Workgroup memory the attention kernel may use for its query tile.
 const QUERY_TILE_BYTES: u32 = 8 << 10;
@@ -46,11 +47,43 @@ const MAX_TILE_ROWS: u32 = 16;
 /// ```
 #[derive(Debug)]
 pub struct WgpuEngine {
-    gpu: Arc<Gpu>,
-    pipelines: Pipelines,
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) pipelines: Pipelines,
     max_binding: u64,
-    target_workgroups: u32,
-    native_f16: bool,
+    pub(crate) target_workgroups: u32,
+    pub(crate) native_f16: bool,
+    /// The host-slice API's reusable buffers, one call at a time.
+    host: Mutex<HostScratch>,
+}
+
+/// Buffers the host-slice calls stage through: queries up, output down,
+/// new K/V up, and the step they plan into.
+#[derive(Debug)]
+struct HostScratch {
+    step: DeviceStep,
+    queries: Scratch,
+    output: Scratch,
+    readback: Scratch,
+    k: Scratch,
+    v: Scratch,
+    dests: Scratch,
+    write_params: ParamSlots,
+}
+
+impl HostScratch {
+    fn new(gpu: &Arc<Gpu>) -> Self {
+        use wgpu::BufferUsages as U;
+        Self {
+            step: DeviceStep::new(Arc::clone(gpu)),
+            queries: Scratch::new("kvslice queries", U::STORAGE),
+            output: Scratch::new("kvslice output", U::STORAGE | U::COPY_SRC),
+            readback: Scratch::new("kvslice readback", U::MAP_READ),
+            k: Scratch::new("kvslice new keys", U::STORAGE),
+            v: Scratch::new("kvslice new values", U::STORAGE),
+            dests: Scratch::new("kvslice write slots", U::STORAGE),
+            write_params: ParamSlots::new(),
+        }
+    }
 }
 
 impl WgpuEngine {
@@ -66,8 +99,34 @@ impl WgpuEngine {
             max_binding: GUARANTEED_BINDING_BYTES.min(gpu.max_binding),
             target_workgroups: 2048,
             pipelines: Pipelines::default(),
+            host: Mutex::new(HostScratch::new(&gpu)),
             gpu,
         })
+    }
+
+    /// The wgpu device: make the buffers and command encoders you pass to
+    /// the device-resident calls ([`record_attend`](Self::record_attend))
+    /// with it.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.gpu.device
+    }
+
+    /// The device's queue, to submit what you recorded.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.gpu.queue
+    }
+
+    /// Offsets of [`DeviceRegion`]s must be multiples of this (the
+    /// adapter's storage-binding offset alignment, in bytes).
+    pub fn offset_alignment(&self) -> u64 {
+        self.gpu.storage_align
+    }
+
+    /// Buffers this engine (and every memory and step made from it) has
+    /// created so far. Calls reuse their buffers, so after the first call
+    /// of a given size this stops growing.
+    pub fn buffers_created(&self) -> u64 {
+        self.gpu.buffers_created()
     }
 
     /// The adapter in use.
@@ -150,7 +209,7 @@ impl WgpuEngine {
         &self.gpu
     }
 
-    fn check_memory(&self, pages: &DevicePages) -> Result<()> {
+    pub(crate) fn check_memory(&self, pages: &DevicePages) -> Result<()> {
         self.gpu.check_alive()?;
         if !Arc::ptr_eq(&pages.gpu, &self.gpu) {
             return Err(Error::InvalidValue(
@@ -160,50 +219,8 @@ impl WgpuEngine {
         Ok(())
     }
 
-    fn storage(&self, label: &str, bytes: Vec<u8>) -> Result<wgpu::Buffer> {
-        self.buffer(
-            label,
-            bytes.len() as u64,
-            wgpu::BufferUsages::STORAGE,
-            Some(bytes),
-        )
-    }
-
-    /// A buffer of `size` bytes (at least one word), filled with `init`
-    /// (padded in place to whole words). Call inside the caller's error
-    /// scope: one scope covers a whole call's allocations and submission.
-    fn buffer(
-        &self,
-        label: &str,
-        size: u64,
-        usage: wgpu::BufferUsages,
-        init: Option<Vec<u8>>,
-    ) -> Result<wgpu::Buffer> {
-        let size = size.max(4).div_ceil(4) * 4;
-        if usage.contains(wgpu::BufferUsages::STORAGE) && size > self.gpu.max_binding {
-            return Err(Error::Device {
-                kind: DeviceFailure::Unsupported,
-                detail: format!(
-                    "{label} needs {size} bytes, over the {}-byte binding limit; split the batch",
-                    self.gpu.max_binding
-                ),
-            });
-        }
-        let buf = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: usage | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        if let Some(mut bytes) = init {
-            bytes.resize(size as usize, 0);
-            self.gpu.queue.write_buffer(&buf, 0, &bytes);
-        }
-        Ok(buf)
-    }
-
     /// `(x, y)` workgroups covering `n`, within the per-dimension limit.
-    fn grid(&self, n: u32) -> Result<(u32, u32)> {
+    pub(crate) fn grid(&self, n: u32) -> Result<(u32, u32)> {
         let max = self.gpu.max_workgroups_per_dim.max(1);
         let x = n.clamp(1, max);
         let y = n.div_ceil(x);
@@ -216,27 +233,20 @@ impl WgpuEngine {
         Ok((x, y))
     }
 
-    fn params(&self, p: &Params) -> Result<wgpu::Buffer> {
-        self.buffer(
-            "kvslice params",
-            64,
-            wgpu::BufferUsages::UNIFORM,
-            Some(le_bytes(p.words())),
-        )
-    }
-
-    fn bind(
+    /// A bind group of `pipeline`: `resources` at bindings 0.., then the
+    /// pool's chunks from binding `first` on.
+    pub(crate) fn bind_group(
         &self,
         pipeline: &wgpu::ComputePipeline,
-        buffers: &[&wgpu::Buffer],
+        resources: Vec<wgpu::BindingResource<'_>>,
         pool: Option<(&DevicePages, u32)>,
     ) -> wgpu::BindGroup {
-        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
-            .iter()
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = resources
+            .into_iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
+            .map(|(i, resource)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: b.as_entire_binding(),
+                resource,
             })
             .collect();
         if let Some((pages, first)) = pool {
@@ -260,7 +270,23 @@ impl WgpuEngine {
             })
     }
 
-    fn base_params(layout: &KvLayout, layer_in_group: u32, pages: &DevicePages) -> Result<Params> {
+    /// Most query rows per tile for `head_dim` (a power of two).
+    pub(crate) fn max_tile_rows(&self, hd: u32) -> Result<u32> {
+        let max_rows = (QUERY_TILE_BYTES / (4 * hd)).min(MAX_TILE_ROWS);
+        if max_rows == 0 {
+            return Err(Error::Device {
+                kind: DeviceFailure::Unsupported,
+                detail: format!("head_dim {hd} over the {} supported", QUERY_TILE_BYTES / 4),
+            });
+        }
+        Ok(1 << max_rows.ilog2())
+    }
+
+    pub(crate) fn base_params(
+        layout: &KvLayout,
+        layer_in_group: u32,
+        pages: &DevicePages,
+    ) -> Result<Params> {
         let k = layout.head_region(KvPart::K, layer_in_group, 0)?;
         let v = layout.head_region(KvPart::V, layer_in_group, 0)?;
         Ok(Params {
@@ -277,27 +303,26 @@ impl WgpuEngine {
 
 /// The uniform every kernel reads (`Params` in `shaders/common.wgsl`).
 #[derive(Debug, Default, Clone, Copy)]
-struct Params {
-    block_tokens: u32,
-    page_elems: u32,
-    pages_per_chunk: u32,
-    k_base: u32,
-    v_base: u32,
-    head_stride: u32,
-    q_heads: u32,
-    gqa: u32,
-    scale: f32,
-    num_items: u32,
-    grid_x: u32,
-    start: u32,
-    tokens: u32,
-    kv_heads: u32,
+pub(crate) struct Params {
+    pub(crate) block_tokens: u32,
+    pub(crate) page_elems: u32,
+    pub(crate) pages_per_chunk: u32,
+    pub(crate) k_base: u32,
+    pub(crate) v_base: u32,
+    pub(crate) head_stride: u32,
+    pub(crate) q_heads: u32,
+    pub(crate) gqa: u32,
+    pub(crate) scale: f32,
+    pub(crate) num_items: u32,
+    pub(crate) grid_x: u32,
+    pub(crate) tokens: u32,
+    pub(crate) kv_heads: u32,
     /// Sliding window in tokens; `u32::MAX` for none.
-    window: u32,
+    pub(crate) window: u32,
 }
 
 impl Params {
-    fn words(&self) -> [u32; 16] {
+    pub(crate) fn words(&self) -> [u32; 16] {
         [
             self.block_tokens,
             self.page_elems,
@@ -310,7 +335,7 @@ impl Params {
             self.scale.to_bits(),
             self.num_items,
             self.grid_x,
-            self.start,
+            0,
             self.tokens,
             self.kv_heads,
             self.window,
@@ -319,11 +344,10 @@ impl Params {
     }
 }
 
-fn le_bytes(words: impl IntoIterator<Item = u32>) -> Vec<u8> {
-    words.into_iter().flat_map(u32::to_le_bytes).collect()
-}
-
 impl AttentionEngine<DevicePages> for WgpuEngine {
+    /// Plans, uploads the queries, records the passes, submits and reads
+    /// the output back: [`record_attend`](Self::record_attend) wrapped for
+    /// host slices, through buffers reused from call to call.
     fn attend(
         &self,
         pages: &DevicePages,
@@ -335,174 +359,95 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
         if shape.q_tokens == 0 {
             return Ok(());
         }
-        let layout = shape.layout;
-        let hd = layout.head_dim();
-        let max_rows = (QUERY_TILE_BYTES / (4 * hd)).min(MAX_TILE_ROWS);
-        if max_rows == 0 {
-            return Err(Error::Device {
-                kind: DeviceFailure::Unsupported,
-                detail: format!("head_dim {hd} over the {} supported", QUERY_TILE_BYTES / 4),
-            });
-        }
-        let max_rows = 1 << max_rows.ilog2();
-        let gqa = layout.gqa_ratio();
-        let kv_heads = shape.shard.num_kv_heads();
-        let q_heads = shape.shard.num_q_heads();
-        let longest = batch.seqs.iter().map(|s| s.q_len).max().unwrap_or(1) as u32;
-        let rows = tile_rows(longest.saturating_mul(gqa), max_rows);
-        let cut = plan(
-            batch.seqs,
-            batch.window,
-            layout.block_tokens(),
-            kv_heads,
-            gqa,
-            rows,
-            self.target_workgroups,
-        );
-        debug_assert_eq!(cut.split % KEY_TILE, 0);
-
-        let key = |kernel| ShaderKey {
-            kernel,
-            dtype: layout.dtype(),
-            head_dim: hd,
-            rows,
-            chunks: pages.chunks.len() as u32,
-            native_f16: self.native_f16,
-        };
-        let attend = self.pipelines.get(&self.gpu, key(Kernel::Attend))?;
-        let merge = self.pipelines.get(&self.gpu, key(Kernel::Merge))?;
-
-        let base = Params {
-            q_heads,
-            gqa,
-            scale: batch.scale,
-            window: batch.window.unwrap_or(u32::MAX),
-            ..Self::base_params(&layout, shape.layer_in_group, pages)?
-        };
-        let (ax, ay) = self.grid(cut.work.len() as u32)?;
-        let (mx, my) = self.grid(cut.merge.len() as u32)?;
-        let out_bytes = out.len() as u64 * 4;
-        let output = self.gpu.scoped(|| -> Result<wgpu::Buffer> {
-            let attend_params = self.params(&Params {
-                num_items: cut.work.len() as u32,
-                grid_x: ax,
-                ..base
-            })?;
-            let merge_params = self.params(&Params {
-                num_items: cut.merge.len() as u32,
-                grid_x: mx,
-                ..base
-            })?;
-            let queries = self.storage(
-                "kvslice queries",
-                le_bytes(batch.queries.iter().map(|x| x.to_bits())),
+        let mut host = self.host.lock().unwrap_or_else(PoisonError::into_inner);
+        let HostScratch {
+            step,
+            queries,
+            output,
+            readback,
+            ..
+        } = &mut *host;
+        self.plan_checked(
+            step,
+            pages,
+            batch,
+            shape.shard.num_kv_heads(),
+            shape.q_tokens,
+        )?;
+        let bytes = out.len() as u64 * 4;
+        let gpu = &*self.gpu;
+        gpu.scoped(|| -> Result<()> {
+            let q = queries.write(gpu, &le_bytes(batch.queries.iter().map(|x| x.to_bits())))?;
+            let o = output.at_least(gpu, bytes)?;
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            self.record_attend(
+                &mut enc,
+                pages,
+                step,
+                &DeviceAttend {
+                    layer: batch.layer,
+                    scale: batch.scale,
+                    queries: DeviceRegion::new(q),
+                    out: DeviceRegion::new(o),
+                },
             )?;
-            let work = self.storage(
-                "kvslice work",
-                le_bytes(cut.work.iter().flat_map(|w| w.words())),
-            )?;
-            let merges = self.storage(
-                "kvslice merges",
-                le_bytes(cut.merge.iter().flat_map(|m| m.words())),
-            )?;
-            let tables = self.storage("kvslice tables", le_bytes(cut.tables.iter().copied()))?;
-            let partial_bytes = cut.work.len() as u64 * u64::from(rows) * u64::from(hd + 2) * 4;
-            let partials = self.buffer(
-                "kvslice partials",
-                partial_bytes,
-                wgpu::BufferUsages::STORAGE,
-                None,
-            )?;
-            let output = self.buffer(
-                "kvslice output",
-                out_bytes,
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-                None,
-            )?;
-            let attend_group = self.bind(
-                &attend,
-                &[&attend_params, &queries, &work, &tables, &partials],
-                Some((pages, first_pool_binding(Kernel::Attend))),
-            );
-            let merge_group =
-                self.bind(&merge, &[&merge_params, &merges, &partials, &output], None);
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&attend);
-                pass.set_bind_group(0, &attend_group, &[]);
-                pass.dispatch_workgroups(ax, ay, 1);
-                pass.set_pipeline(&merge);
-                pass.set_bind_group(0, &merge_group, &[]);
-                pass.dispatch_workgroups(mx, my, 1);
-            }
-            self.gpu.queue.submit([enc.finish()]);
-            Ok(output)
+            let rb = readback.at_least(gpu, bytes)?;
+            enc.copy_buffer_to_buffer(o, 0, rb, 0, bytes);
+            gpu.queue.submit([enc.finish()]);
+            Ok(())
         })??;
-        let bytes = self.gpu.read_back(&output, out_bytes)?;
-        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        let mut raw = vec![0u8; bytes as usize];
+        gpu.map_read(readback.current(), &mut raw)?;
+        for (o, b) in out.iter_mut().zip(raw.chunks_exact(4)) {
             *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
         Ok(())
     }
 
+    /// Uploads the new K/V as f32 and runs the append kernel, which
+    /// rounds them to the pages' dtype exactly as the host does.
     fn write_kv(&self, pages: &mut DevicePages, w: &KvWrite<'_>) -> Result<()> {
         self.check_memory(pages)?;
+        // `validate` refuses a table naming one touched page twice, so the
+        // kernel's writes never race.
         let shape = w.validate(&*pages)?;
         if shape.tokens == 0 {
             return Ok(());
         }
-        let layout = shape.layout;
-        let bt = layout.block_tokens() as usize;
-        // `validate` refused a touched page that appears twice, so the
-        // shader's writes never race.
-        let dtype = layout.dtype();
-        let es = dtype.size_bytes();
-        let mut payload = vec![0u8; (w.k.len() + w.v.len()) * es];
-        let (kb, vb) = payload.split_at_mut(w.k.len() * es);
-        dtype.encode_row(w.k, kb)?;
-        dtype.encode_row(w.v, vb)?;
-        let table = &w.block_table[..=(w.start + shape.tokens - 1) / bt];
-
-        let key = ShaderKey {
-            kernel: Kernel::WriteKv,
-            dtype,
-            head_dim: layout.head_dim(),
-            rows: 1,
-            chunks: pages.chunks.len() as u32,
-            native_f16: false,
-        };
-        let pipeline = self.pipelines.get(&self.gpu, key)?;
-        let items = (w.k.len() + w.v.len()) as u32;
-        let (gx, gy) = self.grid(items.div_ceil(WORKGROUP_SIZE))?;
-        let base = Self::base_params(&layout, shape.layer_in_group, pages)?;
-        let table = le_bytes(table.iter().map(|p| p.0));
-        self.gpu.scoped(|| -> Result<()> {
-            let params = self.params(&Params {
-                start: w.start as u32,
-                tokens: shape.tokens as u32,
-                kv_heads: shape.kv_heads as u32,
-                num_items: items,
-                grid_x: gx,
-                ..base
-            })?;
-            let payload = self.storage("kvslice payload", payload)?;
-            let table = self.storage("kvslice table", table)?;
-            let group = self.bind(
-                &pipeline,
-                &[&params, &payload, &table],
-                Some((pages, first_pool_binding(Kernel::WriteKv))),
-            );
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &group, &[]);
-                pass.dispatch_workgroups(gx, gy, 1);
-            }
-            self.gpu.queue.submit([enc.finish()]);
+        let bt = shape.layout.block_tokens() as usize;
+        let dests = (w.start..w.start + shape.tokens)
+            .flat_map(|pos| [w.block_table[pos / bt].0, pos as u32]);
+        let mut host = self.host.lock().unwrap_or_else(PoisonError::into_inner);
+        let HostScratch {
+            k,
+            v,
+            dests: slots,
+            write_params,
+            ..
+        } = &mut *host;
+        write_params.reset();
+        let gpu = &*self.gpu;
+        gpu.scoped(|| -> Result<()> {
+            let k = k.write(gpu, &le_bytes(w.k.iter().map(|x| x.to_bits())))?;
+            let v = v.write(gpu, &le_bytes(w.v.iter().map(|x| x.to_bits())))?;
+            let slots = slots.write(gpu, &le_bytes(dests))?;
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            self.encode_append(
+                &mut enc,
+                pages,
+                write_params,
+                shape.layer_in_group,
+                shape.tokens as u32,
+                shape.kv_heads as u32,
+                [
+                    k.as_entire_binding(),
+                    v.as_entire_binding(),
+                    slots.as_entire_binding(),
+                ],
+            )?;
+            gpu.queue.submit([enc.finish()]);
             Ok(())
         })??;
-        self.gpu.wait()
+        gpu.wait()
     }
 }

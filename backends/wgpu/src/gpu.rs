@@ -1,6 +1,7 @@
 //! The adapter, device and queue, chosen from the environment, and the
 //! translation of wgpu's failures into typed [`Error`]s.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvslice_core::{DeviceFailure, Error, Result};
@@ -21,6 +22,10 @@ pub struct AdapterSummary {
     pub device_type: String,
     /// Whether f16 arithmetic in shaders (`SHADER_F16`) is available.
     pub shader_f16: bool,
+    /// Whether compute shaders may use subgroup operations (`SUBGROUP`).
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter may use.
+    pub subgroup_sizes: (u32, u32),
 }
 
 /// An opened device. Shared (through `Arc`) by the engine and every page
@@ -35,6 +40,13 @@ pub(crate) struct Gpu {
     /// Storage buffers one shader stage may bind.
     pub(crate) max_storage_buffers: u32,
     pub(crate) max_workgroups_per_dim: u32,
+    /// Offsets of storage bindings are multiples of this.
+    pub(crate) storage_align: u64,
+    /// Offsets of uniform bindings are multiples of this.
+    pub(crate) uniform_align: u64,
+    /// Buffers created through [`Gpu::create_buffer`], for the tests that
+    /// show a warm engine creates none.
+    buffers_created: AtomicU64,
     /// Set once by the lost-device callback or an uncaptured error.
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -72,12 +84,17 @@ impl Gpu {
     /// Opens the adapter the environment names (`WGPU_BACKEND`,
     /// `WGPU_ADAPTER_NAME`, `WGPU_POWER_PREF`), or the default one.
     pub(crate) fn open() -> Result<Self> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pollster::block_on(Self::choose_adapter(&instance))?;
+        // One instance per process: devices opened from it check that a
+        // resource passed to them is theirs (separate instances cannot tell).
+        static INSTANCE: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
+        let instance = INSTANCE.get_or_init(|| {
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+        });
+        let adapter = pollster::block_on(Self::choose_adapter(instance))?;
         let info = adapter.get_info();
         let features = adapter.features();
         let shader_f16 = features.contains(wgpu::Features::SHADER_F16);
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
         let have = adapter.limits();
         // Ask for what the adapter really has where it matters to us: big
         // and many storage bindings. Everything else stays at the defaults.
@@ -129,10 +146,15 @@ impl Gpu {
                 backend: format!("{:?}", info.backend),
                 device_type: format!("{:?}", info.device_type),
                 shader_f16,
+                subgroups,
+                subgroup_sizes: (info.subgroup_min_size, info.subgroup_max_size),
             },
             max_binding: binding / 4 * 4,
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
+            uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment),
+            buffers_created: AtomicU64::new(0),
             lost,
         })
     }
@@ -212,6 +234,28 @@ impl Gpu {
         }
     }
 
+    /// Creates a buffer (every buffer of this crate is made here, so they
+    /// can be counted). Call inside [`scoped`](Self::scoped).
+    pub(crate) fn create_buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> wgpu::Buffer {
+        self.buffers_created.fetch_add(1, Ordering::Relaxed);
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// How many buffers [`create_buffer`](Self::create_buffer) has made.
+    pub(crate) fn buffers_created(&self) -> u64 {
+        self.buffers_created.load(Ordering::Relaxed)
+    }
+
     /// Blocks until the queue is idle.
     pub(crate) fn wait(&self) -> Result<()> {
         self.device
@@ -225,14 +269,7 @@ impl Gpu {
     /// this counts both), the best of `reps` timed copies.
     pub(crate) fn copy_bandwidth(&self, bytes: u64, reps: u32) -> Result<f64> {
         let bytes = bytes.min(self.device.limits().max_buffer_size) / 4 * 4;
-        let make = |usage| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kvslice copy bandwidth"),
-                size: bytes,
-                usage,
-                mapped_at_creation: false,
-            })
-        };
+        let make = |usage| self.create_buffer("kvslice copy bandwidth", bytes, usage);
         let (src, dst) = self.scoped(|| {
             (
                 make(wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST),
@@ -253,21 +290,29 @@ impl Gpu {
         Ok(2.0 * bytes as f64 / best)
     }
 
-    /// Copies `size` bytes of `src` (a COPY_SRC buffer) back to the host.
+    /// Copies `size` bytes of `src` (a COPY_SRC buffer) back to the host
+    /// through a new staging buffer.
     pub(crate) fn read_back(&self, src: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
         let padded = size.div_ceil(4) * 4;
         let staging = self.scoped(|| {
-            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kvslice readback"),
-                size: padded.max(4),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            let staging = self.create_buffer(
+                "kvslice readback",
+                padded.max(4),
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            );
             let mut enc = self.device.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(src, 0, &staging, 0, padded);
             self.queue.submit([enc.finish()]);
             staging
         })?;
+        let mut bytes = vec![0; size as usize];
+        self.map_read(&staging, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Waits for the queue, then copies the first `out.len()` bytes of
+    /// `staging` (a MAP_READ buffer the submitted work filled) into `out`.
+    pub(crate) fn map_read(&self, staging: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -276,11 +321,13 @@ impl Gpu {
         rx.recv()
             .map_err(|_| device_error(DeviceFailure::Lost, "map callback never ran"))?
             .map_err(|e| device_error(DeviceFailure::Internal, e.to_string()))?;
-        let bytes = staging
-            .get_mapped_range(..)
-            .map_err(|e| device_error(DeviceFailure::Internal, e.to_string()))?[..size as usize]
-            .to_vec();
+        {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| device_error(DeviceFailure::Internal, e.to_string()))?;
+            out.copy_from_slice(&view[..out.len()]);
+        }
         staging.unmap();
-        Ok(bytes)
+        Ok(())
     }
 }

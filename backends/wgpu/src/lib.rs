@@ -27,11 +27,14 @@ mod engine;
 mod gpu;
 mod pages;
 mod plan;
+mod scratch;
 mod shader;
 mod staging;
+mod step;
 pub mod testing;
 
 pub use engine::WgpuEngine;
 pub use gpu::{AdapterSummary, GUARANTEED_BINDING_BYTES};
 pub use pages::DevicePages;
 pub use staging::StagingEngine;
+pub use step::{DeviceAppend, DeviceAttend, DeviceRegion, DeviceStep};

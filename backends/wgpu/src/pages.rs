@@ -98,14 +98,13 @@ impl DevicePages {
                     let pages = (num_pages - c * pages_per_chunk)
                         .min(pages_per_chunk)
                         .max(1);
-                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("kvslice pages"),
-                        size: (u64::from(pages) * page_bytes).div_ceil(4) * 4,
-                        usage: wgpu::BufferUsages::STORAGE
+                    gpu.create_buffer(
+                        "kvslice pages",
+                        (u64::from(pages) * page_bytes).div_ceil(4) * 4,
+                        wgpu::BufferUsages::STORAGE
                             | wgpu::BufferUsages::COPY_DST
                             | wgpu::BufferUsages::COPY_SRC,
-                        mapped_at_creation: false,
-                    })
+                    )
                 })
                 .collect::<Vec<_>>()
         })?;

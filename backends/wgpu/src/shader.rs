@@ -49,7 +49,7 @@ pub(crate) fn first_pool_binding(kernel: Kernel) -> u32 {
     match kernel {
         Kernel::Attend => 5,
         Kernel::Merge => u32::MAX,
-        Kernel::WriteKv => 3,
+        Kernel::WriteKv => 4,
     }
 }
 
@@ -103,18 +103,22 @@ pub(crate) fn source(key: &ShaderKey) -> String {
                 "var<storage, read_write> pool{i}: array<atomic<u32>>",
             );
             let body = match key.dtype {
-                KvDtype::F32 => "atomicStore(&pool{i}[e], payload[i]);",
+                KvDtype::F32 => "atomicStore(&pool{i}[e], bitcast<u32>(x));",
                 // Two threads may own the two halves of one word: clear and
                 // set only our half, atomically, so neither loses the other.
                 KvDtype::F16 | KvDtype::Bf16 => {
-                    "let bits = (payload[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu; \
-                     let sh = (e & 1u) * 16u; \
+                    "let sh = (e & 1u) * 16u; \
                      atomicAnd(&pool{i}[e >> 1u], ~(0xffffu << sh)); \
-                     atomicOr(&pool{i}[e >> 1u], bits << sh);"
+                     atomicOr(&pool{i}[e >> 1u], bits(x) << sh);"
                 }
                 KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("DevicePages refuses scaled dtypes"),
             };
-            chunk_switch(&mut s, key.chunks, "fn put(c: u32, e: u32, i: u32)", body);
+            match key.dtype {
+                KvDtype::F16 => s.push_str("fn bits(x: f32) -> u32 { return f16_bits(x); }\n"),
+                KvDtype::Bf16 => s.push_str("fn bits(x: f32) -> u32 { return bf16_bits(x); }\n"),
+                _ => {}
+            }
+            chunk_switch(&mut s, key.chunks, "fn put(c: u32, e: u32, x: f32)", body);
             s.push_str(WRITE_KV);
         }
     }

@@ -17,8 +17,8 @@ pub fn engine_or_skip(test: &str) -> Option<WgpuEngine> {
         Ok(e) => {
             let a = e.adapter();
             println!(
-                "{test}: adapter {} ({}, {}, shader_f16 {})",
-                a.name, a.backend, a.device_type, a.shader_f16
+                "{test}: adapter {} ({}, {}, shader_f16 {}, subgroups {} of {:?})",
+                a.name, a.backend, a.device_type, a.shader_f16, a.subgroups, a.subgroup_sizes
             );
             Some(e)
         }

@@ -177,6 +177,45 @@ impl<'a> AttentionBatch<'a> {
         memory: &M,
         out_len: usize,
     ) -> Result<BatchShape> {
+        let shape = self.validate_shape(memory)?;
+        let layout = shape.layout;
+        let row = shape.shard.num_q_heads() as usize * layout.head_dim() as usize;
+        let elems = shape
+            .q_tokens
+            .checked_mul(row)
+            .ok_or(Error::Overflow("query elements"))?;
+        check_len("queries length", elems, self.queries.len())?;
+        check_len("output length", elems, out_len)?;
+        if self.queries.iter().any(|x| !x.is_finite()) {
+            return Err(Error::InvalidValue("non-finite query value"));
+        }
+        let q_limit = Self::query_limit(layout.head_dim(), self.scale);
+        if let Some(i) = self.queries.iter().position(|x| x.abs() > q_limit) {
+            return Err(Error::ValueTooLarge {
+                what: "query",
+                token: (i / row) as u64,
+                element: (i % row) as u64,
+            });
+        }
+        Ok(shape)
+    }
+
+    /// [`validate`](Self::validate) without the queries and the output:
+    /// for engines whose queries and output live elsewhere (device
+    /// buffers), which check their sizes themselves. `queries` is ignored.
+    ///
+    /// ```
+    /// use kvslice_core::{AttentionBatch, KvDtype, KvLayout, LayoutSpec, PageBuf, PageId, SeqAttention};
+    ///
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 2, 1, 4, 4, KvDtype::F16))?;
+    /// let pages = PageBuf::new(layout, 4)?;
+    /// let table = [PageId(1), PageId(2)];
+    /// let seqs = [SeqAttention { block_table: &table, kv_len: 6, q_len: 1 }];
+    /// let shape = AttentionBatch::new(0, 0, &seqs, &[], 0.5).validate_shape(&pages)?;
+    /// assert_eq!(shape.q_tokens, 1);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn validate_shape<M: PageGeometry + ?Sized>(&self, memory: &M) -> Result<BatchShape> {
         let layout = *memory.layout();
         let (_, layer_in_group) = layout.layer_group(self.layer)?;
         let shard = layout.head_shard(self.shard)?;
@@ -219,23 +258,6 @@ impl<'a> AttentionBatch<'a> {
             q_tokens = q_tokens
                 .checked_add(s.q_len)
                 .ok_or(Error::Overflow("query tokens"))?;
-        }
-        let row = shard.num_q_heads() as usize * layout.head_dim() as usize;
-        let elems = q_tokens
-            .checked_mul(row)
-            .ok_or(Error::Overflow("query elements"))?;
-        check_len("queries length", elems, self.queries.len())?;
-        check_len("output length", elems, out_len)?;
-        if self.queries.iter().any(|x| !x.is_finite()) {
-            return Err(Error::InvalidValue("non-finite query value"));
-        }
-        let q_limit = Self::query_limit(layout.head_dim(), self.scale);
-        if let Some(i) = self.queries.iter().position(|x| x.abs() > q_limit) {
-            return Err(Error::ValueTooLarge {
-                what: "query",
-                token: (i / row) as u64,
-                element: (i % row) as u64,
-            });
         }
         Ok(BatchShape {
             layout,

@@ -13,7 +13,7 @@ struct Params {
     scale: f32,
     num_items: u32,
     grid_x: u32,
-    start: u32,
+    _p0: u32,
     tokens: u32,
     kv_heads: u32,
     // Sliding attention window in tokens; 0xffffffff for none.
