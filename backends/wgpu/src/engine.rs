@@ -52,8 +52,21 @@ pub struct WgpuEngine {
     max_binding: u64,
     pub(crate) target_workgroups: u32,
     pub(crate) native_f16: bool,
+    pub(crate) subgroups: bool,
     /// The host-slice API's reusable buffers, one call at a time.
     host: Mutex<HostScratch>,
+}
+
+/// Workgroups a batch should spread over: enough to fill a GPU's compute
+/// units (2048), or for a CPU adapter (lavapipe, which runs workgroups on
+/// the cores) a few per core, since each split costs a partial and a merge.
+fn default_target_workgroups(a: &AdapterSummary) -> u32 {
+    if a.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get() as u32);
+        8 * cores
+    } else {
+        2048
+    }
 }
 
 /// Buffers the host-slice calls stage through: queries up, output down,
@@ -96,8 +109,9 @@ impl WgpuEngine {
         let gpu = Arc::new(Gpu::open()?);
         Ok(Self {
             native_f16: gpu.summary.shader_f16,
+            subgroups: Self::subgroups_usable(&gpu.summary),
             max_binding: GUARANTEED_BINDING_BYTES.min(gpu.max_binding),
-            target_workgroups: 2048,
+            target_workgroups: default_target_workgroups(&gpu.summary),
             pipelines: Pipelines::default(),
             host: Mutex::new(HostScratch::new(&gpu)),
             gpu,
@@ -142,7 +156,8 @@ impl WgpuEngine {
     }
 
     /// About how many workgroups a batch should spread over; contexts are
-    /// split until tiles × splits reaches it (default 2048).
+    /// split until tiles × splits reaches it (default 2048, or 8 per core
+    /// on a CPU adapter).
     pub fn with_target_workgroups(mut self, n: u32) -> Self {
         self.target_workgroups = n.max(1);
         self
@@ -153,6 +168,60 @@ impl WgpuEngine {
     pub fn with_native_f16(mut self, on: bool) -> Self {
         self.native_f16 = on && self.gpu.summary.shader_f16;
         self
+    }
+
+    /// Scores keys with lane groups and subgroup shuffles where the adapter
+    /// has subgroups (the default there) or, with `false`, one key per
+    /// thread. Layouts whose rows are not 16-byte aligned always take the
+    /// second path.
+    pub fn with_subgroups(mut self, on: bool) -> Self {
+        self.subgroups = on && Self::subgroups_usable(&self.gpu.summary);
+        self
+    }
+
+    /// Whether the subgroup kernel is used where the layout allows.
+    pub fn subgroups(&self) -> bool {
+        self.subgroups
+    }
+
+    fn subgroups_usable(a: &AdapterSummary) -> bool {
+        // A lane group must fit in one subgroup of a 64-thread workgroup.
+        a.subgroups && a.subgroup_sizes.0 >= 1 && a.subgroup_sizes.1 <= 64
+    }
+
+    /// Lanes per key for the subgroup kernel on `layout`, or `None` for the
+    /// one-key-per-thread kernel. Every row must start on 16 bytes and each
+    /// lane's share of a row must be whole 16-byte loads.
+    pub(crate) fn lane_group(&self, layout: &KvLayout) -> Option<u32> {
+        if !self.subgroups || layout.dtype().is_scaled() {
+            return None;
+        }
+        let vw = 16 / layout.dtype().size_bytes() as u32;
+        let hd = layout.head_dim();
+        let k = layout.head_region(KvPart::K, 0, 0).ok()?;
+        let v = layout.head_region(KvPart::V, 0, 0).ok()?;
+        let aligned = [
+            hd,
+            layout.page_elems() as u32,
+            k.start as u32,
+            v.start as u32,
+            k.len() as u32,
+        ]
+        .iter()
+        .all(|x| x % vw == 0);
+        if !aligned {
+            return None;
+        }
+        let per_lane_quads = hd / vw;
+        let g = self
+            .gpu
+            .summary
+            .subgroup_sizes
+            .0
+            .min(per_lane_quads)
+            .min(64);
+        let g = 1 << g.max(1).ilog2();
+        (hd % (g * vw) == 0).then_some(g)
     }
 
     /// Whether f16 K/V is read natively.

@@ -105,11 +105,13 @@ impl Gpu {
             max_compute_workgroups_per_dimension: have.max_compute_workgroups_per_dimension,
             ..wgpu::Limits::downlevel_defaults()
         };
-        let required_features = if shader_f16 {
-            wgpu::Features::SHADER_F16
-        } else {
-            wgpu::Features::empty()
-        };
+        let mut required_features = wgpu::Features::empty();
+        if shader_f16 {
+            required_features |= wgpu::Features::SHADER_F16;
+        }
+        if subgroups {
+            required_features |= wgpu::Features::SUBGROUP;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kvslice"),
             required_features,

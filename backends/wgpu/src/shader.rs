@@ -16,6 +16,7 @@ use crate::plan::KEY_TILE;
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const ATTEND: &str = include_str!("shaders/attend.wgsl");
+const ATTEND_SG: &str = include_str!("shaders/attend_sg.wgsl");
 const MERGE: &str = include_str!("shaders/merge.wgsl");
 const WRITE_KV: &str = include_str!("shaders/write_kv.wgsl");
 
@@ -25,7 +26,10 @@ pub(crate) const WORKGROUP_SIZE: u32 = 64;
 /// Which kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
+    /// Pass 1, one key per thread (any adapter).
     Attend,
+    /// Pass 1, lane groups per key with subgroup shuffles.
+    AttendSg,
     Merge,
     WriteKv,
 }
@@ -42,12 +46,14 @@ pub(crate) struct ShaderKey {
     pub chunks: u32,
     /// f16 K/V read as `f16` (SHADER_F16) rather than unpacked from `u32`.
     pub native_f16: bool,
+    /// Lanes per key of [`Kernel::AttendSg`] (0 for the other kernels).
+    pub group: u32,
 }
 
 /// First binding of the pool chunks in each kernel.
 pub(crate) fn first_pool_binding(kernel: Kernel) -> u32 {
     match kernel {
-        Kernel::Attend => 5,
+        Kernel::Attend | Kernel::AttendSg => 5,
         Kernel::Merge => u32::MAX,
         Kernel::WriteKv => 4,
     }
@@ -94,6 +100,17 @@ pub(crate) fn source(key: &ShaderKey) -> String {
                 s.push_str(loads(key.dtype, hd));
             }
             s.push_str(ATTEND);
+        }
+        Kernel::AttendSg => {
+            pool_bindings(&mut s, key, "var<storage, read> pool{i}: array<vec4<u32>>");
+            chunk_switch(
+                &mut s,
+                key.chunks,
+                "fn quad(c: u32, i: u32) -> vec4<u32>",
+                "return pool{i}[i];",
+            );
+            lane_group_prelude(&mut s, key);
+            s.push_str(ATTEND_SG);
         }
         Kernel::Merge => s.push_str(MERGE),
         Kernel::WriteKv => {
@@ -187,6 +204,119 @@ fn loads(dtype: KvDtype, head_dim: u32) -> &'static str {
     }
 }
 
+/// The subgroup kernel's constants and its per-key arithmetic, written out
+/// straight: every array index is a literal, so the compiler keeps queries,
+/// keys, values and accumulators in registers (a loop counter as an index
+/// can make a driver keep the array in memory and gather from it).
+fn lane_group_prelude(s: &mut String, key: &ShaderKey) {
+    let (g, hd, r) = (key.group, key.head_dim, key.rows);
+    let dpl = hd / g;
+    let q4 = dpl / 4;
+    let vw = 16 / key.dtype.size_bytes() as u32;
+    let _ = writeln!(
+        s,
+        "const G: u32 = {g}u;\nconst NG: u32 = {}u;\nconst DPL: u32 = {dpl}u;\n\
+         const VW: u32 = {vw}u;\nconst Q4: u32 = {q4}u;\nconst RQ: u32 = {}u;",
+        WORKGROUP_SIZE / g,
+        r * q4
+    );
+    s.push_str(
+        "struct State {\n    m: array<f32, R>,\n    l: array<f32, R>,\n    acc: array<vec4<f32>, RQ>,\n}\n",
+    );
+
+    // load_dims(c, e): DPL elements from element e (a multiple of VW) of
+    // chunk c, as Q4 vec4s, one 16-byte load per VW elements.
+    s.push_str("fn load_dims(c: u32, e: u32) -> array<vec4<f32>, Q4> {\n    var x: array<vec4<f32>, Q4>;\n    let at = e / VW;\n");
+    for i in 0..dpl / vw {
+        let _ = writeln!(s, "    let w{i} = quad(c, at + {i}u);");
+        match key.dtype {
+            KvDtype::F32 => {
+                let _ = writeln!(s, "    x[{i}] = bitcast<vec4<f32>>(w{i});");
+            }
+            KvDtype::F16 => {
+                let _ = writeln!(
+                    s,
+                    "    x[{}] = vec4<f32>(unpack2x16float(w{i}.x), unpack2x16float(w{i}.y));\n    \
+                     x[{}] = vec4<f32>(unpack2x16float(w{i}.z), unpack2x16float(w{i}.w));",
+                    2 * i,
+                    2 * i + 1
+                );
+            }
+            // bf16 is the top half of an f32; the low half of a word is the
+            // earlier element.
+            KvDtype::Bf16 => {
+                let _ = writeln!(
+                    s,
+                    "    let lo{i} = bitcast<vec4<f32>>(w{i} << vec4<u32>(16u));\n    \
+                     let hi{i} = bitcast<vec4<f32>>(w{i} & vec4<u32>(0xffff0000u));\n    \
+                     x[{}] = vec4<f32>(lo{i}.x, hi{i}.x, lo{i}.y, hi{i}.y);\n    \
+                     x[{}] = vec4<f32>(lo{i}.z, hi{i}.z, lo{i}.w, hi{i}.w);",
+                    2 * i,
+                    2 * i + 1
+                );
+            }
+            KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("DevicePages refuses scaled dtypes"),
+        }
+    }
+    s.push_str("    return x;\n}\n");
+
+    // scores(q, k): each row's partial dot product over this lane's dims,
+    // summed over the lane group by a butterfly of shuffles.
+    s.push_str("fn scores(q: array<vec4<f32>, RQ>, k: array<vec4<f32>, Q4>) -> array<f32, R> {\n    var s: array<f32, R>;\n");
+    for row in 0..r {
+        let terms: Vec<String> = (0..q4)
+            .map(|j| format!("dot(q[{}], k[{j}])", row * q4 + j))
+            .collect();
+        let _ = writeln!(s, "    s[{row}] = {};", terms.join(" + "));
+    }
+    let mut off = g / 2;
+    while off > 0 {
+        for row in 0..r {
+            let _ = writeln!(s, "    s[{row}] += subgroupShuffleXor(s[{row}], {off}u);");
+        }
+        off /= 2;
+    }
+    s.push_str("    return s;\n}\n");
+
+    // visible(key, ok, at, live): which rows see `key` (bottom-right
+    // causal mask and window); `at[r]` is row r's last visible key.
+    s.push_str(
+        "fn visible(key: u32, ok: bool, at: array<u32, R>, live: array<bool, R>) -> array<bool, R> {\n    var v: array<bool, R>;\n",
+    );
+    for row in 0..r {
+        // `at - key` wraps when key > at, which the causal test rejects.
+        let _ = writeln!(
+            s,
+            "    v[{row}] = ok && live[{row}] && key <= at[{row}] && at[{row}] - key < params.window;"
+        );
+    }
+    s.push_str("    return v;\n}\n");
+
+    // advance(st, s, v, vis): the online softmax over one more key.
+    s.push_str(
+        "fn advance(st: State, s: array<f32, R>, v: array<vec4<f32>, Q4>, vis: array<bool, R>) -> State {\n    var o: State;\n",
+    );
+    for row in 0..r {
+        let _ = writeln!(
+            s,
+            "    let sc{row} = select(NEG, s[{row}], vis[{row}]);\n    \
+             let mx{row} = max(st.m[{row}], sc{row});\n    \
+             let a{row} = exp(st.m[{row}] - mx{row});\n    \
+             let p{row} = select(0.0, exp(sc{row} - mx{row}), vis[{row}]);\n    \
+             o.m[{row}] = mx{row};\n    \
+             o.l[{row}] = st.l[{row}] * a{row} + p{row};"
+        );
+        for j in 0..q4 {
+            let i = row * q4 + j;
+            let _ = writeln!(
+                s,
+                "    o.acc[{i}] = st.acc[{i}] * a{row} + p{row} * v[{j}];"
+            );
+        }
+    }
+    s.push_str("    return o;\n}\n");
+}
+
 /// Compiled pipelines, built on first use.
 #[derive(Debug, Default)]
 pub(crate) struct Pipelines {
@@ -265,14 +395,32 @@ mod tests {
     /// front end wgpu runs), without needing an adapter.
     #[test]
     fn every_variant_validates() {
-        for kernel in [Kernel::Attend, Kernel::Merge, Kernel::WriteKv] {
+        // (head_dim, rows, chunks, native_f16, lanes per key)
+        let plain = [
+            (128, 16, 1, false, 0),
+            (7, 1, 3, false, 0),
+            (64, 4, 2, true, 0),
+            (1, 2, 1, true, 0),
+        ];
+        let lane_groups = [
+            (128, 4, 1, false, 8),
+            (8, 1, 3, false, 1),
+            (64, 4, 2, false, 2),
+            (128, 2, 1, false, 16),
+        ];
+        for kernel in [
+            Kernel::Attend,
+            Kernel::AttendSg,
+            Kernel::Merge,
+            Kernel::WriteKv,
+        ] {
             for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
-                for (head_dim, rows, chunks, native_f16) in [
-                    (128, 16, 1, false),
-                    (7, 1, 3, false),
-                    (64, 4, 2, true),
-                    (1, 2, 1, true),
-                ] {
+                let variants = if kernel == Kernel::AttendSg {
+                    &lane_groups
+                } else {
+                    &plain
+                };
+                for &(head_dim, rows, chunks, native_f16, group) in variants {
                     let key = ShaderKey {
                         kernel,
                         dtype,
@@ -280,6 +428,7 @@ mod tests {
                         rows,
                         chunks,
                         native_f16,
+                        group,
                     };
                     let src = source(&key);
                     let module = naga::front::wgsl::parse_str(&src)

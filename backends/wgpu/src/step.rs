@@ -96,6 +96,8 @@ pub(crate) struct Planned {
     pub q_tokens: u32,
     pub work_items: u32,
     pub merge_items: u32,
+    /// Lanes per key of the subgroup kernel; 0 for the other.
+    pub group: u32,
     /// A page where two appended tokens would share a slot, if any.
     pub clashing_page: Option<u32>,
 }
@@ -254,9 +256,17 @@ impl WgpuEngine {
         let layout = *pages.layout();
         let hd = layout.head_dim();
         let gqa = layout.gqa_ratio();
+        let group = self.lane_group(&layout);
+        let mut max_rows = self.max_tile_rows(hd)?;
+        if let Some(g) = group {
+            // Each lane keeps rows × (head_dim / g) query elements and as
+            // many accumulators in registers: at most 64 of each.
+            let per_lane = (64 * g / hd).max(1);
+            max_rows = max_rows.min(1 << per_lane.ilog2());
+        }
         let rows = tile_rows(
             batch.seqs.iter().map(|s| s.q_len).max().unwrap_or(1) as u32 * gqa,
-            self.max_tile_rows(hd)?,
+            max_rows,
         );
         let cut = plan(
             batch.seqs,
@@ -307,6 +317,7 @@ impl WgpuEngine {
             q_tokens: q_tokens as u32,
             work_items: cut.work.len() as u32,
             merge_items: cut.merge.len() as u32,
+            group: group.unwrap_or(0),
             clashing_page,
         });
         Ok(())
@@ -350,16 +361,21 @@ impl WgpuEngine {
         if p.q_tokens == 0 {
             return Ok(());
         }
-        let key = |kernel| ShaderKey {
+        let key = |kernel, group| ShaderKey {
             kernel,
             dtype: p.layout.dtype(),
             head_dim: p.layout.head_dim(),
             rows: p.rows,
             chunks: pages.chunks.len() as u32,
-            native_f16: self.native_f16,
+            native_f16: self.native_f16 && kernel == Kernel::Attend,
+            group,
         };
-        let attend = self.pipelines.get(&self.gpu, key(Kernel::Attend))?;
-        let merge = self.pipelines.get(&self.gpu, key(Kernel::Merge))?;
+        let pass1 = match p.group {
+            0 => key(Kernel::Attend, 0),
+            g => key(Kernel::AttendSg, g),
+        };
+        let attend = self.pipelines.get(&self.gpu, pass1)?;
+        let merge = self.pipelines.get(&self.gpu, key(Kernel::Merge, 0))?;
         let base = Params {
             q_heads: p.q_heads,
             gqa: p.gqa,
@@ -493,6 +509,7 @@ impl WgpuEngine {
             rows: 1,
             chunks: pages.chunks.len() as u32,
             native_f16: false,
+            group: 0,
         };
         let pipeline = self.pipelines.get(&self.gpu, key)?;
         let items = 2 * tokens * kv_heads * layout.head_dim();
