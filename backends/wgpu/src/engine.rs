@@ -208,7 +208,7 @@ impl WgpuEngine {
             k.len() as u32,
         ]
         .iter()
-        .all(|x| x % vw == 0);
+        .all(|x| x.is_multiple_of(vw));
         if !aligned {
             return None;
         }
@@ -221,7 +221,7 @@ impl WgpuEngine {
             .min(per_lane_quads)
             .min(64);
         let g = 1 << g.max(1).ilog2();
-        (hd % (g * vw) == 0).then_some(g)
+        hd.is_multiple_of(g * vw).then_some(g)
     }
 
     /// Whether f16 K/V is read natively.
