@@ -53,6 +53,13 @@ pub mod guide {}
 #[doc(hidden)]
 pub mod quantization {}
 
+/// The wgpu backend and its device-resident API (`docs/WGPU.md`; its code
+/// is compiled as this module's doc tests).
+#[cfg(feature = "wgpu")]
+#[doc = include_str!("../../docs/WGPU.md")]
+#[doc(hidden)]
+pub mod wgpu_guide {}
+
 /// The README, whose code runs as this module's doc tests.
 #[doc = include_str!("../../README.md")]
 #[doc(hidden)]

@@ -38,3 +38,6 @@ pub use gpu::{AdapterSummary, GUARANTEED_BINDING_BYTES};
 pub use pages::DevicePages;
 pub use staging::StagingEngine;
 pub use step::{DeviceAppend, DeviceAttend, DeviceRegion, DeviceStep};
+/// The wgpu this crate is built on: make the buffers and encoders you pass
+/// to the device-resident calls with this version.
+pub use wgpu;

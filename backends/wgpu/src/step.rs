@@ -581,3 +581,41 @@ impl WgpuEngine {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageId, SeqAttention};
+
+    /// Where the adapter has subgroups, an aligned layout takes the
+    /// lane-group kernel (so the suites test it) and an unaligned one the
+    /// one-key-per-thread kernel.
+    #[test]
+    fn the_kernel_follows_the_adapter_and_the_layout() {
+        let Some(e) = crate::testing::engine_or_skip("kernel_choice") else {
+            return;
+        };
+        let table = [PageId(0), PageId(1)];
+        let seqs = [SeqAttention {
+            block_table: &table,
+            kv_len: 20,
+            q_len: 1,
+        }];
+        let group = |e: &crate::WgpuEngine, hd| {
+            let layout = KvLayout::new(LayoutSpec::new(1, 8, 2, hd, 16, KvDtype::F16)).unwrap();
+            let pages = e.pages(layout, 2).unwrap();
+            let mut step = e.step();
+            e.plan(&mut step, &pages, 0, &seqs, None).unwrap();
+            step.planned.unwrap().group
+        };
+        let sizes = e.adapter().subgroup_sizes;
+        if e.adapter().subgroups && sizes.1 <= 64 {
+            assert!(e.subgroups());
+            let g = group(&e, 128);
+            assert!(g >= 1 && g <= sizes.0 && 128 % (8 * g) == 0, "{g}");
+        } else {
+            assert!(!e.subgroups());
+        }
+        assert_eq!(group(&e, 7), 0, "odd rows are not 16-byte aligned");
+        assert_eq!(group(&e.with_subgroups(false), 128), 0);
+    }
+}

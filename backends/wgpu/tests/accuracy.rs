@@ -1,6 +1,7 @@
 //! The wgpu engine against the reference engine: the shared accuracy suite
 //! (f32/f16/bf16, decode, prefill and mixed, page sizes 1/16/64/7; keys
-//! token-major, as dim-major keys are a typed error here), pages
+//! token-major, as dim-major keys are a typed error here) through both
+//! first-pass kernels, pages
 //! split across many bindings, in-place K/V writes, and bad input and
 //! device failures as typed errors.
 //!
@@ -21,54 +22,73 @@ fn engine(test: &str) -> Option<WgpuEngine> {
     kvslice_wgpu::testing::engine_or_skip(test)
 }
 
+/// Both first-pass kernels: lane groups with subgroup shuffles (where the
+/// adapter has subgroups and the layout's rows are 16-byte aligned) and
+/// one key per thread (every adapter; native f16 where available).
 #[test]
 fn suite_passes() {
-    let Some(e) = engine("suite_passes") else {
-        return;
-    };
-    println!("native f16: {}", e.native_f16());
-    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
-        e.upload(host).expect("upload")
-    });
-    assert!(n > 100, "{n} checks");
+    for subgroups in [true, false] {
+        let Some(e) = engine("suite_passes") else {
+            return;
+        };
+        let e = e.with_subgroups(subgroups);
+        println!(
+            "subgroups: {}, native f16: {}",
+            e.subgroups(),
+            e.native_f16()
+        );
+        let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
+            e.upload(host).expect("upload")
+        });
+        assert!(n > 100, "{n} checks");
+    }
 }
 
 /// Sliding windows against the f64 oracle, the pages before every window
 /// placeholders, with the default cut and with many small splits (a
-/// window's edge inside and across splits).
+/// window's edge inside and across splits), for both kernels.
 #[test]
 fn window_suite_passes() {
-    let Some(e) = engine("window_suite_passes") else {
-        return;
-    };
     let suite = |e: &WgpuEngine| {
         let n = window_suite_on(e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
             e.upload(host).expect("upload")
         });
         assert!(n > 100, "{n} checks");
     };
-    suite(&e);
-    suite(&e.with_target_workgroups(100_000));
+    for subgroups in [true, false] {
+        let Some(e) = engine("window_suite_passes") else {
+            return;
+        };
+        let e = e.with_subgroups(subgroups);
+        suite(&e);
+        suite(&e.with_target_workgroups(100_000));
+    }
 }
 
+/// Tiny splits (many workgroups per tile, so the merge runs) and about six
+/// bindings per memory (chunk selection), for both kernels; the
+/// one-key-per-thread kernel unpacks f16 from words here.
 #[test]
 fn suite_passes_with_unpacked_f16_and_pages_over_many_bindings() {
-    let Some(e) = engine("suite_unpacked_many_bindings") else {
-        return;
-    };
-    // Force the unpack path and small splits (many workgroups per tile).
-    let e = e.with_native_f16(false).with_target_workgroups(100_000);
-    let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
-        // About six bindings per memory, so chunk selection is exercised.
-        let per = host.num_pages().div_ceil(6).max(1);
-        let mut pages = e
-            .pages_in_bindings(*host.layout(), host.num_pages(), per)
-            .expect("pages");
-        assert!(pages.num_chunks() > 1 || host.num_pages() <= per);
-        pages.upload_from(host).expect("upload");
-        pages
-    });
-    assert!(n > 100, "{n} checks");
+    for subgroups in [true, false] {
+        let Some(e) = engine("suite_unpacked_many_bindings") else {
+            return;
+        };
+        let e = e
+            .with_subgroups(subgroups)
+            .with_native_f16(false)
+            .with_target_workgroups(100_000);
+        let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
+            let per = host.num_pages().div_ceil(6).max(1);
+            let mut pages = e
+                .pages_in_bindings(*host.layout(), host.num_pages(), per)
+                .expect("pages");
+            assert!(pages.num_chunks() > 1 || host.num_pages() <= per);
+            pages.upload_from(host).expect("upload");
+            pages
+        });
+        assert!(n > 100, "{n} checks");
+    }
 }
 
 #[test]
