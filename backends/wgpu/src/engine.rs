@@ -193,7 +193,7 @@ impl WgpuEngine {
     /// one-key-per-thread kernel. Every row must start on 16 bytes and each
     /// lane's share of a row must be whole 16-byte loads.
     pub(crate) fn lane_group(&self, layout: &KvLayout) -> Option<u32> {
-        if !self.subgroups || layout.dtype().is_scaled() {
+        if !self.subgroups {
             return None;
         }
         let vw = 16 / layout.dtype().size_bytes() as u32;
@@ -202,7 +202,7 @@ impl WgpuEngine {
         let v = layout.head_region(KvPart::V, 0, 0).ok()?;
         let aligned = [
             hd,
-            layout.page_elems() as u32,
+            (layout.page_bytes() / layout.dtype().size_bytes()) as u32,
             k.start as u32,
             v.start as u32,
             k.len() as u32,
@@ -358,9 +358,18 @@ impl WgpuEngine {
     ) -> Result<Params> {
         let k = layout.head_region(KvPart::K, layer_in_group, 0)?;
         let v = layout.head_region(KvPart::V, layer_in_group, 0)?;
+        let scales = |part| {
+            layout
+                .scale_region(part, layer_in_group, 0)
+                .map(|r| r.map_or(0, |r| r.start as u32))
+        };
         Ok(Params {
             block_tokens: layout.block_tokens(),
-            page_elems: layout.page_elems() as u32,
+            // The page stride: for the scaled types (one byte each) the
+            // values and the scales after them.
+            page_elems: (layout.page_bytes() / layout.dtype().size_bytes()) as u32,
+            ks_base: scales(KvPart::K)?,
+            vs_base: scales(KvPart::V)?,
             pages_per_chunk: pages.pages_per_chunk,
             k_base: k.start as u32,
             v_base: v.start as u32,
@@ -384,6 +393,9 @@ pub(crate) struct Params {
     pub(crate) scale: f32,
     pub(crate) num_items: u32,
     pub(crate) grid_x: u32,
+    /// Byte offsets of head 0's K and V scales in a page (scaled types).
+    pub(crate) ks_base: u32,
+    pub(crate) vs_base: u32,
     pub(crate) tokens: u32,
     pub(crate) kv_heads: u32,
     /// Sliding window in tokens; `u32::MAX` for none.
@@ -404,11 +416,11 @@ impl Params {
             self.scale.to_bits(),
             self.num_items,
             self.grid_x,
-            0,
+            self.ks_base,
             self.tokens,
             self.kv_heads,
             self.window,
-            0,
+            self.vs_base,
         ]
     }
 }

@@ -62,13 +62,6 @@ impl DevicePages {
                  use KeyOrder::TokenMajor with it",
             ));
         }
-        if layout.dtype().is_scaled() {
-            // The shaders load f32, f16 and bf16 elements only.
-            return Err(Error::Unsupported(
-                "scaled 8-bit K/V (KvDtype::I8, KvDtype::F8E4M3): the wgpu engine reads f32, \
-                 f16 and bf16 pages; the CPU and reference engines read them",
-            ));
-        }
         let page_bytes = layout.page_bytes() as u64;
         let limit = max_chunk_bytes.min(gpu.max_binding);
         let pages_per_chunk = (limit / page_bytes).min(u64::from(u32::MAX)) as u32;

@@ -19,6 +19,7 @@ const ATTEND: &str = include_str!("shaders/attend.wgsl");
 const ATTEND_SG: &str = include_str!("shaders/attend_sg.wgsl");
 const MERGE: &str = include_str!("shaders/merge.wgsl");
 const WRITE_KV: &str = include_str!("shaders/write_kv.wgsl");
+const APPEND_SCALED: &str = include_str!("shaders/append_scaled.wgsl");
 
 /// Threads per workgroup in every kernel (`WG` in the shaders).
 pub(crate) const WORKGROUP_SIZE: u32 = 64;
@@ -70,8 +71,10 @@ pub(crate) fn source(key: &ShaderKey) -> String {
     let pairs_per_thread = hd.div_ceil(2).div_ceil(KEY_TILE).max(1);
     let _ = writeln!(
         s,
-        "const HD: u32 = {hd}u;\nconst R: u32 = {}u;\nconst PPT: u32 = {pairs_per_thread}u;",
-        key.rows
+        "const HD: u32 = {hd}u;\nconst R: u32 = {}u;\nconst PPT: u32 = {pairs_per_thread}u;\n\
+         const SCALED: bool = {};",
+        key.rows,
+        key.dtype.is_scaled()
     );
     s.push_str(COMMON);
     match key.kernel {
@@ -90,6 +93,7 @@ pub(crate) fn source(key: &ShaderKey) -> String {
                     "return f32(pool{i}[e]);",
                 );
                 s.push_str("fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n");
+                s.push_str("fn row_scale(c: u32, w: u32) -> f32 { return 1.0; }\n");
             } else {
                 chunk_switch(
                     &mut s,
@@ -97,7 +101,7 @@ pub(crate) fn source(key: &ShaderKey) -> String {
                     "fn word(c: u32, i: u32) -> u32",
                     "return pool{i}[i];",
                 );
-                s.push_str(loads(key.dtype, hd));
+                s.push_str(&loads(key.dtype, hd));
             }
             s.push_str(ATTEND);
         }
@@ -113,6 +117,40 @@ pub(crate) fn source(key: &ShaderKey) -> String {
             s.push_str(ATTEND_SG);
         }
         Kernel::Merge => s.push_str(MERGE),
+        Kernel::WriteKv if key.dtype.is_scaled() => {
+            pool_bindings(
+                &mut s,
+                key,
+                "var<storage, read_write> pool{i}: array<atomic<u32>>",
+            );
+            // Four codes share a word, possibly of two rows (two threads):
+            // clear and set only our byte, atomically.
+            chunk_switch(
+                &mut s,
+                key.chunks,
+                "fn put_byte(c: u32, e: u32, code: u32)",
+                "let sh = (e & 3u) * 8u; \
+                 atomicAnd(&pool{i}[e >> 2u], ~(0xffu << sh)); \
+                 atomicOr(&pool{i}[e >> 2u], code << sh);",
+            );
+            chunk_switch(
+                &mut s,
+                key.chunks,
+                "fn put_word(c: u32, w: u32, bits: u32)",
+                "atomicStore(&pool{i}[w], bits);",
+            );
+            let (max_code, code) = match key.dtype {
+                KvDtype::I8 => (kvslice_core::I8_MAX, "i8_code"),
+                _ => (kvslice_core::F8E4M3_MAX, "e4m3_code"),
+            };
+            let _ = writeln!(
+                s,
+                "const MAX_CODE: f32 = {max_code:?};\nconst ZERO_BELOW: f32 = {:e};\n\
+                 fn code(y: f32) -> u32 {{ return {code}(y); }}",
+                kvslice_core::SCALED_ZERO_BELOW
+            );
+            s.push_str(APPEND_SCALED);
+        }
         Kernel::WriteKv => {
             pool_bindings(
                 &mut s,
@@ -128,7 +166,7 @@ pub(crate) fn source(key: &ShaderKey) -> String {
                      atomicAnd(&pool{i}[e >> 1u], ~(0xffffu << sh)); \
                      atomicOr(&pool{i}[e >> 1u], bits(x) << sh);"
                 }
-                KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("DevicePages refuses scaled dtypes"),
+                KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("the arm above"),
             };
             match key.dtype {
                 KvDtype::F16 => s.push_str("fn bits(x: f32) -> u32 { return f16_bits(x); }\n"),
@@ -171,37 +209,52 @@ fn chunk_switch(s: &mut String, chunks: u32, signature: &str, body: &str) {
     );
 }
 
-/// `ld(c, e)` (element `e` of chunk `c`) and `ld2` (elements `e`, `e + 1`)
-/// for K/V stored as `u32` words.
-fn loads(dtype: KvDtype, head_dim: u32) -> &'static str {
+/// `ld(c, e)` (element `e` of chunk `c`), `ld2` (elements `e`, `e + 1`)
+/// and `row_scale(c, w)` (the f32 at word `w`; 1 for unscaled types) for
+/// K/V stored as `u32` words.
+fn loads(dtype: KvDtype, head_dim: u32) -> String {
     // Every row starts at an even element when the head dimension is even
     // (pages, layers, heads and rows are all whole rows), so a pair of
     // 16-bit elements is one word.
     let aligned = head_dim.is_multiple_of(2);
-    match (dtype, aligned) {
+    let pair =
+        "fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n";
+    let unscaled = "fn row_scale(c: u32, w: u32) -> f32 { return 1.0; }\n";
+    let byte = "fn byte(c: u32, e: u32) -> u32 { return (word(c, e >> 2u) >> ((e & 3u) * 8u)) & 0xffu; }\n\
+                fn row_scale(c: u32, w: u32) -> f32 { return bitcast<f32>(word(c, w)); }\n";
+    let body: String = match (dtype, aligned) {
         (KvDtype::F32, _) => {
-            "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(word(c, e)); }\n\
-             fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
+            format!(
+                "fn ld(c: u32, e: u32) -> f32 {{ return bitcast<f32>(word(c, e)); }}\n{pair}{unscaled}"
+            )
         }
-        (KvDtype::F16, true) => {
-            "fn ld(c: u32, e: u32) -> f32 { return unpack2x16float(word(c, e >> 1u))[e & 1u]; }\n\
-             fn ld2(c: u32, e: u32) -> vec2<f32> { return unpack2x16float(word(c, e >> 1u)); }\n"
-        }
-        (KvDtype::F16, false) => {
-            "fn ld(c: u32, e: u32) -> f32 { return unpack2x16float(word(c, e >> 1u))[e & 1u]; }\n\
-             fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
-        }
+        (KvDtype::F16, true) => format!(
+            "fn ld(c: u32, e: u32) -> f32 {{ return unpack2x16float(word(c, e >> 1u))[e & 1u]; }}\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> {{ return unpack2x16float(word(c, e >> 1u)); }}\n{unscaled}"
+        ),
+        (KvDtype::F16, false) => format!(
+            "fn ld(c: u32, e: u32) -> f32 {{ return unpack2x16float(word(c, e >> 1u))[e & 1u]; }}\n{pair}{unscaled}"
+        ),
         // bf16 is the top half of an f32: shift it into place.
-        (KvDtype::Bf16, true) => {
-            "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }\n\
-             fn ld2(c: u32, e: u32) -> vec2<f32> { let w = word(c, e >> 1u); return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u)); }\n"
-        }
-        (KvDtype::Bf16, false) => {
-            "fn ld(c: u32, e: u32) -> f32 { return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }\n\
-             fn ld2(c: u32, e: u32) -> vec2<f32> { return vec2<f32>(ld(c, e), ld(c, e + 1u)); }\n"
-        }
-        (KvDtype::I8 | KvDtype::F8E4M3, _) => unreachable!("DevicePages refuses scaled dtypes"),
-    }
+        (KvDtype::Bf16, true) => format!(
+            "fn ld(c: u32, e: u32) -> f32 {{ return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }}\n\
+             fn ld2(c: u32, e: u32) -> vec2<f32> {{ let w = word(c, e >> 1u); return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u)); }}\n{unscaled}"
+        ),
+        (KvDtype::Bf16, false) => format!(
+            "fn ld(c: u32, e: u32) -> f32 {{ return bitcast<f32>(((word(c, e >> 1u) >> ((e & 1u) * 16u)) & 0xffffu) << 16u); }}\n{pair}{unscaled}"
+        ),
+        // Codes; the row's scale is applied by the kernel.
+        (KvDtype::I8, _) => format!(
+            "{byte}fn ld(c: u32, e: u32) -> f32 {{ return f32(bitcast<i32>(byte(c, e) << 24u) >> 24u); }}\n{pair}"
+        ),
+        // E4M3 is the f16 with the same sign, exponent and mantissa fields,
+        // over 256 (the two exponent biases differ by 8).
+        (KvDtype::F8E4M3, _) => format!(
+            "{byte}fn ld(c: u32, e: u32) -> f32 {{ let b = byte(c, e); \
+             return unpack2x16float(((b & 0x80u) << 8u) | ((b & 0x7fu) << 7u)).x * 256.0; }}\n{pair}"
+        ),
+    };
+    body
 }
 
 /// The subgroup kernel's constants and its per-key arithmetic, written out
@@ -224,6 +277,14 @@ fn lane_group_prelude(s: &mut String, key: &ShaderKey) {
         "struct State {\n    m: array<f32, R>,\n    l: array<f32, R>,\n    acc: array<vec4<f32>, RQ>,\n}\n",
     );
 
+    if key.dtype == KvDtype::F8E4M3 {
+        // The two E4M3 codes in the low 16 bits of `w`, decoded.
+        s.push_str(
+            "fn e4m3_pair(w: u32) -> vec2<f32> {\n    \
+             let h = ((w & 0x80u) << 8u) | ((w & 0x7fu) << 7u) | ((w & 0x8000u) << 16u) | ((w & 0x7f00u) << 15u);\n    \
+             return unpack2x16float(h) * 256.0;\n}\n",
+        );
+    }
     // load_dims(c, e): DPL elements from element e (a multiple of VW) of
     // chunk c, as Q4 vec4s, one 16-byte load per VW elements.
     s.push_str("fn load_dims(c: u32, e: u32) -> array<vec4<f32>, Q4> {\n    var x: array<vec4<f32>, Q4>;\n    let at = e / VW;\n");
@@ -255,19 +316,44 @@ fn lane_group_prelude(s: &mut String, key: &ShaderKey) {
                     2 * i + 1
                 );
             }
-            KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("DevicePages refuses scaled dtypes"),
+            // Codes, four per word, little-endian: sign-extended for int8;
+            // for E4M3, two at a time become the f16s with the same fields,
+            // over 256.
+            KvDtype::I8 => {
+                for (k, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "    x[{}] = vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w{i}.{comp}) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));",
+                        4 * i + k as u32
+                    );
+                }
+            }
+            KvDtype::F8E4M3 => {
+                for (k, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "    x[{}] = vec4<f32>(e4m3_pair(w{i}.{comp}), e4m3_pair(w{i}.{comp} >> 16u));",
+                        4 * i + k as u32
+                    );
+                }
+            }
         }
     }
     s.push_str("    return x;\n}\n");
+    if key.dtype.is_scaled() {
+        s.push_str("fn row_scale(c: u32, w: u32) -> f32 { return bitcast<f32>(quad(c, w >> 2u)[w & 3u]); }\n");
+    } else {
+        s.push_str("fn row_scale(c: u32, w: u32) -> f32 { return 1.0; }\n");
+    }
 
     // scores(q, k): each row's partial dot product over this lane's dims,
     // summed over the lane group by a butterfly of shuffles.
-    s.push_str("fn scores(q: array<vec4<f32>, RQ>, k: array<vec4<f32>, Q4>) -> array<f32, R> {\n    var s: array<f32, R>;\n");
+    s.push_str("fn scores(q: array<vec4<f32>, RQ>, k: array<vec4<f32>, Q4>, ks: f32) -> array<f32, R> {\n    var s: array<f32, R>;\n");
     for row in 0..r {
         let terms: Vec<String> = (0..q4)
             .map(|j| format!("dot(q[{}], k[{j}])", row * q4 + j))
             .collect();
-        let _ = writeln!(s, "    s[{row}] = {};", terms.join(" + "));
+        let _ = writeln!(s, "    s[{row}] = ({}) * ks;", terms.join(" + "));
     }
     let mut off = g / 2;
     while off > 0 {
@@ -294,7 +380,7 @@ fn lane_group_prelude(s: &mut String, key: &ShaderKey) {
 
     // advance(st, s, v, vis): the online softmax over one more key.
     s.push_str(
-        "fn advance(st: State, s: array<f32, R>, v: array<vec4<f32>, Q4>, vis: array<bool, R>) -> State {\n    var o: State;\n",
+        "fn advance(st: State, s: array<f32, R>, v: array<vec4<f32>, Q4>, vs: f32, vis: array<bool, R>) -> State {\n    var o: State;\n",
     );
     for row in 0..r {
         let _ = writeln!(
@@ -303,6 +389,7 @@ fn lane_group_prelude(s: &mut String, key: &ShaderKey) {
              let mx{row} = max(st.m[{row}], sc{row});\n    \
              let a{row} = exp(st.m[{row}] - mx{row});\n    \
              let p{row} = select(0.0, exp(sc{row} - mx{row}), vis[{row}]);\n    \
+             let pv{row} = p{row} * vs;\n    \
              o.m[{row}] = mx{row};\n    \
              o.l[{row}] = st.l[{row}] * a{row} + p{row};"
         );
@@ -310,7 +397,7 @@ fn lane_group_prelude(s: &mut String, key: &ShaderKey) {
             let i = row * q4 + j;
             let _ = writeln!(
                 s,
-                "    o.acc[{i}] = st.acc[{i}] * a{row} + p{row} * v[{j}];"
+                "    o.acc[{i}] = st.acc[{i}] * a{row} + pv{row} * v[{j}];"
             );
         }
     }
@@ -414,13 +501,17 @@ mod tests {
             Kernel::Merge,
             Kernel::WriteKv,
         ] {
-            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+            for dtype in KvDtype::ALL {
                 let variants = if kernel == Kernel::AttendSg {
                     &lane_groups
                 } else {
                     &plain
                 };
                 for &(head_dim, rows, chunks, native_f16, group) in variants {
+                    let vw = 16 / dtype.size_bytes() as u32;
+                    if group > 0 && (head_dim / group) % vw != 0 {
+                        continue; // not a layout the lane-group kernel takes
+                    }
                     let key = ShaderKey {
                         kernel,
                         dtype,

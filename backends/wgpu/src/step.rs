@@ -512,7 +512,14 @@ impl WgpuEngine {
             group: 0,
         };
         let pipeline = self.pipelines.get(&self.gpu, key)?;
-        let items = 2 * tokens * kv_heads * layout.head_dim();
+        // One thread per element; per row for the scaled types, which
+        // need the row's largest magnitude.
+        let per_row = if layout.dtype().is_scaled() {
+            1
+        } else {
+            layout.head_dim()
+        };
+        let items = 2 * tokens * kv_heads * per_row;
         let (gx, gy) = self.grid(items.div_ceil(WORKGROUP_SIZE))?;
         let slot = params.push(
             &self.gpu,

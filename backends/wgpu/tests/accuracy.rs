@@ -1,5 +1,5 @@
 //! The wgpu engine against the reference engine: the shared accuracy suite
-//! (f32/f16/bf16, decode, prefill and mixed, page sizes 1/16/64/7; keys
+//! (f32/f16/bf16 and the scaled int8/fp8, decode, prefill and mixed, page sizes 1/16/64/7; keys
 //! token-major, as dim-major keys are a typed error here) through both
 //! first-pass kernels, pages
 //! split across many bindings, in-place K/V writes, and bad input and
@@ -9,8 +9,6 @@
 //! `KVSLICE_REQUIRE_GPU=1` (CI sets it), which turns that into a failure.
 
 use kvslice_core::testkit::{Rng, Scenario, accuracy_suite_on, max_rel_err, window_suite_on};
-/// The dtypes the wgpu engine stores (not yet the scaled 8-bit ones).
-const UNSCALED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
 
 use kvslice_core::{
     AttentionBatch, AttentionEngine, DeviceFailure, Error, KeyOrder, KvDtype, KvLayout, KvWrite,
@@ -37,7 +35,7 @@ fn suite_passes() {
             e.subgroups(),
             e.native_f16()
         );
-        let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
+        let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
             e.upload(host).expect("upload")
         });
         assert!(n > 100, "{n} checks");
@@ -50,7 +48,7 @@ fn suite_passes() {
 #[test]
 fn window_suite_passes() {
     let suite = |e: &WgpuEngine| {
-        let n = window_suite_on(e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
+        let n = window_suite_on(e, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
             e.upload(host).expect("upload")
         });
         assert!(n > 100, "{n} checks");
@@ -78,7 +76,7 @@ fn suite_passes_with_unpacked_f16_and_pages_over_many_bindings() {
             .with_subgroups(subgroups)
             .with_native_f16(false)
             .with_target_workgroups(100_000);
-        let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
+        let n = accuracy_suite_on(&e, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
             let per = host.num_pages().div_ceil(6).max(1);
             let mut pages = e
                 .pages_in_bindings(*host.layout(), host.num_pages(), per)
@@ -92,14 +90,14 @@ fn suite_passes_with_unpacked_f16_and_pages_over_many_bindings() {
 }
 
 #[test]
-fn writes_in_place_match_the_host_bit_for_bit() {
+fn writes_in_place_match_the_host() {
     let Some(e) = engine("writes_in_place") else {
         return;
     };
     let mut rng = Rng::new(11);
     // Odd head_dim puts 16-bit rows across word boundaries; page size 3
     // makes writes straddle pages; two layers and shards pick regions.
-    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+    for dtype in KvDtype::ALL {
         for (hd, bt) in [(5u32, 3u32), (8, 16), (1, 1)] {
             let layout = KvLayout::new(
                 LayoutSpec::new(2, 4, 4, hd, bt, dtype)
@@ -133,13 +131,51 @@ fn writes_in_place_match_the_host_bit_for_bit() {
                 e.write_kv(&mut dev, &w).unwrap();
             }
             let back = dev.download().unwrap();
+            // WGSL allows division 2.5 ulps off; IEEE division (lavapipe)
+            // quantises exactly as the host. Elsewhere a scaled row may
+            // differ by a code, and its scale by a few ulps.
+            let exact = !dtype.is_scaled() || e.adapter().device_type == "Cpu";
             for p in 0..12 {
                 use kvslice_core::PageMemory;
-                assert_eq!(
-                    back.page(PageId(p)).unwrap(),
-                    host.page(PageId(p)).unwrap(),
-                    "{dtype:?} hd {hd} bt {bt} page {p}"
-                );
+                if exact {
+                    assert_eq!(
+                        back.page(PageId(p)).unwrap(),
+                        host.page(PageId(p)).unwrap(),
+                        "{dtype:?} hd {hd} bt {bt} page {p}"
+                    );
+                } else {
+                    assert_rows_within_a_code(&back, &host, PageId(p));
+                }
+            }
+        }
+    }
+}
+
+/// Every row of `page` reads back from `a` within one code step (the
+/// row's scale times the largest gap between neighbouring codes) of `b`.
+fn assert_rows_within_a_code(a: &PageBuf, b: &PageBuf, page: PageId) {
+    use kvslice_core::{KvPart, read_head_rows};
+    let l = *a.layout();
+    let (bt, hd) = (l.block_tokens() as usize, l.head_dim() as usize);
+    let (mut x, mut y) = (vec![0f32; bt * hd], vec![0f32; bt * hd]);
+    for part in [KvPart::K, KvPart::V] {
+        for layer in 0..l.layers_per_group() {
+            for head in 0..l.num_kv_heads() / l.spec().head_shards {
+                read_head_rows(a, page, part, layer, head, &mut x).unwrap();
+                read_head_rows(b, page, part, layer, head, &mut y).unwrap();
+                for (rx, ry) in x.chunks(hd).zip(y.chunks(hd)) {
+                    let amax = ry.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    // int8 steps are amax/127; E4M3's widest is 32 of 448.
+                    let step = amax
+                        * if l.dtype() == KvDtype::I8 {
+                            1.01 / 127.0
+                        } else {
+                            33.0 / 448.0
+                        };
+                    for (u, v) in rx.iter().zip(ry) {
+                        assert!((u - v).abs() <= step, "{page:?} {part:?}: {u} vs {v}");
+                    }
+                }
             }
         }
     }
@@ -184,19 +220,6 @@ fn dim_major_keys_are_a_typed_error() {
     assert!(matches!(e.pages(layout, 2), Err(Error::Unsupported(_))));
     let host = PageBuf::new(layout, 2).unwrap();
     assert!(matches!(e.upload(&host), Err(Error::Unsupported(_))));
-}
-
-#[test]
-fn scaled_dtypes_are_a_typed_error() {
-    let Some(e) = engine("scaled_dtypes") else {
-        return;
-    };
-    for dtype in [KvDtype::I8, KvDtype::F8E4M3] {
-        let layout = KvLayout::new(LayoutSpec::new(1, 4, 1, 8, 16, dtype)).unwrap();
-        assert!(matches!(e.pages(layout, 2), Err(Error::Unsupported(_))));
-        let host = PageBuf::new(layout, 2).unwrap();
-        assert!(matches!(e.upload(&host), Err(Error::Unsupported(_))));
-    }
 }
 
 #[test]

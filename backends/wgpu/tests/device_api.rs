@@ -165,7 +165,7 @@ fn suite_passes_through_device_buffers() {
         return;
     };
     let t = ThroughBuffers::new(e);
-    let n = accuracy_suite_on(&t, &[KeyOrder::TokenMajor], &UNSCALED, |host| {
+    let n = accuracy_suite_on(&t, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
         t.e.upload(host).expect("upload")
     });
     assert!(n > 100, "{n} checks");

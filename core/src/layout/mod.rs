@@ -17,7 +17,7 @@ mod shard;
 use core::ops::Range;
 
 pub use dtype::KvDtype;
-pub use quant::{F8E4M3_MAX, I8_MAX, f8e4m3_from_f32, f8e4m3_to_f32};
+pub use quant::{F8E4M3_MAX, I8_MAX, SCALED_ZERO_BELOW, f8e4m3_from_f32, f8e4m3_to_f32};
 pub use shard::HeadShard;
 
 use crate::error::{Error, Result, check_index};

@@ -75,6 +75,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     s[r] += q_s[r * HD + HD - 1u] * k;
                 }
             }
+            if SCALED {
+                // The key's scale multiplies its dot products.
+                let page = tables[it.table_off + key / params.block_tokens];
+                let sw = scale_word(page, key, it.head, params.ks_base);
+                let ks = row_scale(sw.x, sw.y);
+                for (var r = 0u; r < R; r++) {
+                    s[r] *= ks;
+                }
+            }
         }
         for (var r = 0u; r < R; r++) {
             let row = it.row0 + r;
@@ -121,6 +130,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         v = ld2(a.x, a.y + d);
                     } else {
                         v = vec2<f32>(ld(a.x, a.y + d), 0.0);
+                    }
+                    if SCALED {
+                        let key = kt + kk;
+                        let page = tables[it.table_off + key / params.block_tokens];
+                        let sw = scale_word(page, key, it.head, params.vs_base);
+                        v *= row_scale(sw.x, sw.y);
                     }
                     for (var r = 0u; r < R; r++) {
                         acc[r * PPT + j] += p_s[r * WG + kk] * v;

@@ -91,10 +91,15 @@ fn main(
         let ok = key < end;
         let page = tables[it.table_off + blk];
         let c = page / params.pages_per_chunk;
-        let row_at = (page - c * params.pages_per_chunk) * params.page_elems + head_off + slot * HD + d0;
-        let s = scores(q, load_dims(c, row_at + params.k_base));
+        let in_chunk = (page - c * params.pages_per_chunk) * params.page_elems;
+        let row_at = in_chunk + head_off + slot * HD + d0;
+        // Scaled types: the row's scales (1 otherwise, folded away).
+        let scale_at = (in_chunk + 4u * (it.head * params.block_tokens + slot)) / 4u;
+        let ks = row_scale(c, scale_at + params.ks_base / 4u);
+        let vs = row_scale(c, scale_at + params.vs_base / 4u);
+        let s = scores(q, load_dims(c, row_at + params.k_base), ks);
         let v = load_dims(c, row_at + params.v_base);
-        st = advance(st, s, v, visible(key, ok, at, live_row));
+        st = advance(st, s, v, vs, visible(key, ok, at, live_row));
         // Next slot; past the run the key stays put (its loads are masked).
         slot += select(0u, 1u, key + 1u < end);
         let wrap = slot == params.block_tokens;
