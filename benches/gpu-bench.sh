@@ -47,6 +47,6 @@ cargo bench -p kvslice-benches --bench wgpu_attention -- --noplot 2>&1 | tee "$l
 
 echo
 echo "== summary (also in $log)"
-sed -n '/^adapter:/p;/^device copy bandwidth/p;/^wgpu decode on/,/^[^ ]/p;/^30-layer/,$p' "$log" \
+sed -n '/^adapter:/p;/^device copy bandwidth/p;/^wgpu decode on/,/^[^ ]/p;/^wgpu decode by K\/V dtype/,/^[^ ]/p;/^30-layer/,$p' "$log" \
   | grep -v '^Benchmarking'
 echo "took $(( $(date +%s) - started )) s"

@@ -15,7 +15,8 @@
 //! - `host_slices_one_key_per_thread`: the same with the subgroup kernel
 //!   off, the kernel every adapter can run (contexts up to 8k).
 //!
-//! `benches/gpu-bench.sh` runs this on a real GPU.
+//! Then the device-resident path over f16, int8 and fp8 pages, and the
+//! 30-layer step. `benches/gpu-bench.sh` runs this on a real GPU.
 //!
 //! ```sh
 //! cargo bench -p kvslice-benches --bench wgpu_attention
@@ -25,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvslice_benches::decode_workload::{
-    BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, decode_seqs, fill, kv_bytes,
+    BATCH, BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, decode_seqs, fill, fill_as, kv_bytes, kv_bytes_of,
+    layout_of,
 };
 use kvslice_core::testkit::Rng;
 use kvslice_core::{
@@ -207,6 +209,60 @@ fn decode(c: &mut Criterion) {
     }
 }
 
+/// Device-resident decode over f16, int8 and fp8 pages in the same run:
+/// time, and bytes actually read (codes and scales) per second.
+fn eight_bit(c: &mut Criterion) {
+    let Ok(engine) = WgpuEngine::new() else {
+        return;
+    };
+    let mut g = c.benchmark_group("wgpu_decode_kv_dtype_32q8kv_d128_b8");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    let mut summary = Vec::new();
+    for ctx in contexts() {
+        let q = Rng::new(9).vec(BATCH * (Q_HEADS * HEAD_DIM) as usize);
+        let q_buf = device_buffer(&engine, &q);
+        let out_buf = device_buffer(&engine, &q);
+        let mut row = Vec::new();
+        for dtype in [KvDtype::F16, KvDtype::I8, KvDtype::F8E4M3] {
+            let (host, tables) = fill_as(ctx, dtype, KeyOrder::TokenMajor);
+            let pages = engine.upload(&host).expect("upload");
+            drop(host);
+            let bytes = kv_bytes_of(&layout_of(dtype, KeyOrder::TokenMajor), ctx);
+            g.throughput(Throughput::Bytes(bytes));
+            let seqs = decode_seqs(&tables, ctx);
+            let mut step = engine.step();
+            engine.plan(&mut step, &pages, 0, &seqs, None).unwrap();
+            let bufs = (&q_buf, &out_buf);
+            g.bench_function(BenchmarkId::new(dtype.name(), ctx), |b| {
+                b.iter(|| device_step(&engine, &pages, &mut step, 1, bufs, 0))
+            });
+            let secs = best_of(5, || device_step(&engine, &pages, &mut step, 1, bufs, 0));
+            row.push((dtype, secs, bytes as f64));
+        }
+        summary.push((ctx, row));
+    }
+    g.finish();
+    eprintln!("\nwgpu decode by K/V dtype, device-resident (best of 5; GB/s of bytes read):");
+    for (ctx, row) in summary {
+        let f16 = row[0].1;
+        let cells: Vec<String> = row
+            .iter()
+            .map(|(d, secs, bytes)| {
+                format!(
+                    "{} {:.2} ms {:.2} GB/s ({:.2}x)",
+                    d.name(),
+                    secs * 1e3,
+                    bytes / secs / 1e9,
+                    f16 / secs
+                )
+            })
+            .collect();
+        eprintln!("  ctx {ctx:>6}: {}", cells.join("; "));
+    }
+}
+
 /// [`LAYERS`] layers of the decode workload's heads, each sequence `ctx`
 /// tokens; every page holds the same random bytes (the values do not
 /// change the timing).
@@ -291,5 +347,5 @@ fn thirty_layer_step(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, decode, thirty_layer_step);
+criterion_group!(benches, decode, eight_bit, thirty_layer_step);
 criterion_main!(benches);
