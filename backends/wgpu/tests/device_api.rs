@@ -159,16 +159,20 @@ impl ThroughBuffers {
     }
 }
 
+/// The suite through the device-resident calls, with both first-pass
+/// kernels.
 #[test]
 fn suite_passes_through_device_buffers() {
-    let Some(e) = engine("suite_through_device_buffers") else {
-        return;
-    };
-    let t = ThroughBuffers::new(e);
-    let n = accuracy_suite_on(&t, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
-        t.e.upload(host).expect("upload")
-    });
-    assert!(n > 100, "{n} checks");
+    for subgroups in [true, false] {
+        let Some(e) = engine("suite_through_device_buffers") else {
+            return;
+        };
+        let t = ThroughBuffers::new(e.with_subgroups(subgroups));
+        let n = accuracy_suite_on(&t, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
+            t.e.upload(host).expect("upload")
+        });
+        assert!(n > 100, "{n} checks");
+    }
 }
 
 /// Appends through device buffers land bit for bit where the host writes
