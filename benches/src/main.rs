@@ -11,9 +11,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use kvslice_benches::policy::POLICIES;
-use kvslice_benches::replay::{ReplayConfig, ReplayReport, replay};
+use kvslice_benches::replay::{ReplayConfig, ReplayReport, replay, same_memory_blocks};
 use kvslice_benches::sweep;
 use kvslice_benches::trace::Trace;
+use kvslice_core::KvDtype;
 
 const DEFAULT_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/conversation_trace.jsonl");
 
@@ -106,6 +107,11 @@ struct ReplayArgs {
     /// Eviction policies (comma-separated), or `all`.
     #[arg(long, value_delimiter = ',', default_value = "default,lru")]
     policy: Vec<String>,
+    /// K/V storage dtypes (comma-separated: f16, bf16, f32, int8,
+    /// fp8-e4m3). Capacities are then memory: that of so many f16 blocks,
+    /// which holds 1.94x the int8 or fp8 blocks (head_dim 128 rows).
+    #[arg(long, value_delimiter = ',', default_value = "f16")]
+    kv_dtype: Vec<String>,
     /// One JSON object per (policy, capacity) on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -336,36 +342,94 @@ fn run_all(
 fn run_replay(args: &ReplayArgs) -> Result<(), String> {
     let policies = policies(&args.policy)?;
     let trace = load(&args.trace)?;
+    let dtypes = args
+        .kv_dtype
+        .iter()
+        .map(|d| kvslice_benches::parse_kv_dtype(d))
+        .collect::<Result<Vec<_>, _>>()?;
     #[cfg(feature = "tier")]
     if let Some(urls) = &args.tier.tier {
+        if dtypes != [KvDtype::F16] {
+            return Err(
+                "--kv-dtype is not supported with --tier: the tier's capacity is Redis's".into(),
+            );
+        }
         return run_replay_tier(args, &policies, &trace, urls);
     }
-    let reports = run_all(
-        &trace,
-        &args.trace,
-        &policies,
-        &args.capacity_blocks,
-        !args.json,
-    )?;
-    if args.json {
-        for r in &reports {
-            println!("{}", r.to_json());
+    if !args.json {
+        println!(
+            "trace {}: {} requests, {} block lookups ({} threads)",
+            args.trace.trace.display(),
+            trace.requests.len(),
+            trace.blocks(),
+            args.trace.threads
+        );
+    }
+    let mut by_dtype = Vec::new();
+    for &dtype in &dtypes {
+        let capacities: Vec<u32> = args
+            .capacity_blocks
+            .iter()
+            .map(|&c| same_memory_blocks(c, dtype))
+            .collect();
+        let reports = run_all(&trace, &args.trace, &policies, &capacities, !args.json)?;
+        if args.json {
+            for (i, r) in reports.iter().enumerate() {
+                let mut j = r.to_json();
+                j["kv_dtype"] = dtype.name().into();
+                j["memory_f16_blocks"] = args.capacity_blocks[i % capacities.len()].into();
+                println!("{j}");
+            }
+        } else {
+            if dtypes.len() > 1 || dtype != KvDtype::F16 {
+                println!(
+                    "\nK/V as {}: the memory of {:?} f16 blocks holds {capacities:?} blocks",
+                    dtype.name(),
+                    args.capacity_blocks
+                );
+            }
+            println!();
+            print!("{}", sweep::table(&reports));
+            if args.by_hits {
+                print!("\n{}", sweep::by_hits_table(&reports));
+            }
+            print_ratios(&reports);
         }
-        return Ok(());
+        by_dtype.push((dtype, reports));
+    }
+    if !args.json {
+        print_dtype_ratios(&by_dtype, &args.capacity_blocks);
+    }
+    Ok(())
+}
+
+/// Block hit ratio of each dtype against the first (f16 unless told
+/// otherwise) at the same memory, when several ran.
+fn print_dtype_ratios(by_dtype: &[(KvDtype, Vec<ReplayReport>)], memory: &[u32]) {
+    let Some(((base, base_reports), rest)) = by_dtype.split_first() else {
+        return;
+    };
+    if rest.is_empty() {
+        return;
     }
     println!(
-        "trace {}: {} requests, {} block lookups ({} threads)\n",
-        args.trace.trace.display(),
-        trace.requests.len(),
-        trace.blocks(),
-        args.trace.threads
+        "\nblock hit ratio at the same memory, against {}:",
+        base.name()
     );
-    print!("{}", sweep::table(&reports));
-    if args.by_hits {
-        print!("\n{}", sweep::by_hits_table(&reports));
+    for (dtype, reports) in rest {
+        // Reports run policy by policy, each over every capacity.
+        for (i, (r, b)) in reports.iter().zip(base_reports).enumerate() {
+            println!(
+                "  {:>9} {:>8}, memory of {:>6} f16 blocks: {:.4} against {:.4} ({:.2}x)",
+                dtype.name(),
+                r.policy,
+                memory[i % memory.len()],
+                r.block_hit_ratio,
+                b.block_hit_ratio,
+                r.block_hit_ratio / b.block_hit_ratio.max(f64::MIN_POSITIVE)
+            );
+        }
     }
-    print_ratios(&reports);
-    Ok(())
 }
 
 /// `kvslice replay --tier`: one replica (a store per policy and capacity)

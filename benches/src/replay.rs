@@ -23,6 +23,26 @@ use kvslice_core::{
 use crate::policy::Belady;
 use crate::trace::{TRACE_BLOCK_TOKENS, Trace};
 
+/// Blocks of K/V stored as `dtype` that fit in the memory of `f16_blocks`
+/// blocks of f16, for rows of head_dim 128 (the decode workload's shape;
+/// the scaled types carry a 4-byte scale per row): what `kvslice replay
+/// --kv-dtype` gives the cache.
+///
+/// ```
+/// use kvslice_benches::replay::same_memory_blocks;
+/// use kvslice_core::KvDtype;
+///
+/// assert_eq!(same_memory_blocks(1000, KvDtype::F16), 1000);
+/// // 132 bytes a row against 256: 1.94x the blocks.
+/// assert_eq!(same_memory_blocks(1000, KvDtype::I8), 1939);
+/// assert_eq!(same_memory_blocks(1000, KvDtype::F32), 500);
+/// ```
+pub fn same_memory_blocks(f16_blocks: u32, dtype: KvDtype) -> u32 {
+    use crate::decode_workload::layout_of;
+    let bytes = |d| layout_of(d, kvslice_core::KeyOrder::TokenMajor).page_bytes() as u64;
+    (u64::from(f16_blocks) * bytes(KvDtype::F16) / bytes(dtype)) as u32
+}
+
 /// What to replay with.
 #[derive(Debug, Clone)]
 pub struct ReplayConfig {
