@@ -23,9 +23,10 @@ const MAX_TILE_ROWS: u32 = 16;
 /// K/V live in [`DevicePages`] made by this engine. Decode and prefill are
 /// one algorithm: query rows are tiled per kv head (so a GQA group reads
 /// its pages once), long contexts are split across workgroups, and a second
-/// pass merges the splits by log-sum-exp (flash-decoding). f16 K/V is read
-/// as `f16` where the adapter has `SHADER_F16`, else unpacked from words;
-/// bf16 is widened by a shift.
+/// pass merges the splits by log-sum-exp (flash-decoding). Where the
+/// adapter has subgroups, groups of lanes share each key; elsewhere one
+/// thread scores one key. Runtimes that keep queries and output on the
+/// device use [`plan`](Self::plan) and [`record_attend`](Self::record_attend).
 ///
 /// ```no_run
 /// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, KvWrite, LayoutSpec, PageId, SeqAttention};

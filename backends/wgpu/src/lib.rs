@@ -8,13 +8,21 @@
 //!   [`DevicePages`], a device-resident mirror of the core page pool (same
 //!   page ids, same byte layout) split into storage bindings of at most
 //!   128 MiB, with the real limits read from the adapter.
+//! - The device-resident API for runtimes whose forward pass runs on the
+//!   device: [`WgpuEngine::plan`] a [`DeviceStep`] once per step, then
+//!   [`WgpuEngine::record_append`] and [`WgpuEngine::record_attend`] each
+//!   layer into your own encoder, reading and writing your buffers
+//!   ([`DeviceRegion`]); no readback, no buffer made per call. The
+//!   host-slice calls are that API wrapped.
 //! - Decode and causal prefill share one two-pass algorithm: query-row
 //!   tiles per kv head (GQA reads each kv head once per tile) split along
 //!   the context across workgroups, then a log-sum-exp merge
-//!   (flash-decoding). Scores and softmax stay in f32.
-//! - K/V in f32, f16 (`SHADER_F16` when present, `unpack2x16float`
-//!   otherwise) or bf16 (bit shifts); new K/V is written in place by a
-//!   kernel, bit-identical to the host's rounding.
+//!   (flash-decoding). Where the adapter has subgroups, lane groups share
+//!   each key (16-byte loads, scores summed by subgroup shuffles, state in
+//!   registers); elsewhere one thread scores one key. Scores and softmax
+//!   stay in f32.
+//! - K/V in f32, f16, bf16, int8 or fp8 (E4M3) with a scale per row; new
+//!   K/V is rounded (or quantised) by a kernel exactly as the host does.
 //! - The adapter comes from `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` or is the
 //!   default; device loss, validation errors and out-of-memory are
 //!   [`kvslice_core::Error::Device`] with a [`kvslice_core::DeviceFailure`].
