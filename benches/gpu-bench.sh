@@ -21,9 +21,13 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fi
 
+# Only the wgpu feature of the bench crate: no model runner, Redis or ZeroMQ
+# to build, so a fresh machine is measuring within a few minutes.
+bench=(cargo bench -p kvslice-benches --no-default-features --features wgpu --bench wgpu_attention)
+
 echo "== build"
 cargo build --release -p kvslice-wgpu --tests
-cargo bench -p kvslice-benches --bench wgpu_attention --no-run
+"${bench[@]}" --no-run
 
 echo "== the wgpu test suite on the adapter"
 tests=target/gpu-tests.log
@@ -43,7 +47,7 @@ fi
 
 echo "== decode benchmark"
 log=target/gpu-bench.log
-cargo bench -p kvslice-benches --bench wgpu_attention -- --noplot 2>&1 | tee "$log" >/dev/null
+"${bench[@]}" -- --noplot 2>&1 | tee "$log" >/dev/null
 
 echo
 echo "== summary (also in $log)"
