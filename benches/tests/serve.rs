@@ -1,6 +1,7 @@
 //! The serving loop: output with prefix reuse equals output recomputed from
 //! scratch (same generated tokens, logits within the engine tests'
-//! tolerance), on the CPU, reference and wgpu engines.
+//! tolerance), on the CPU, reference and wgpu engines, over f16, int8 and
+//! fp8 pages.
 
 use kvslice_benches::serve::{ServeConfig, serve};
 use kvslice_core::KvDtype;
@@ -36,26 +37,36 @@ fn reuse_matches_recompute_with(kv_dtype: KvDtype) {
     }
 }
 
+/// The wgpu engine over host pages, for f16 and the 8-bit types.
 #[cfg(feature = "wgpu")]
 #[test]
 fn reuse_matches_recompute_on_the_wgpu_engine() {
     let Some(engine) = kvslice_wgpu::testing::engine_or_skip("serve_wgpu") else {
         return;
     };
-    let cfg = ServeConfig {
-        requests: 5,
-        system_prompts: 2,
-        system_tokens: 48, // three whole 16-token blocks
-        max_suffix_tokens: 12,
-        decode_steps: 3,
-        capacity_pages: 48,
-        seed: 4,
-        kv_dtype: KvDtype::F16,
-    };
-    let report = serve(&kvslice_wgpu::StagingEngine::new(engine), "wgpu", &cfg).unwrap();
-    assert!(report.tokens_match, "{report:?}");
-    assert!(report.max_logit_rel_diff <= 1e-3, "{report:?}");
-    assert!(report.reused_tokens >= (5 - 2) * 48, "{report:?}");
+    let engine = kvslice_wgpu::StagingEngine::new(engine);
+    for kv_dtype in [KvDtype::F16, KvDtype::I8, KvDtype::F8E4M3] {
+        let cfg = ServeConfig {
+            requests: 5,
+            system_prompts: 2,
+            system_tokens: 48, // three whole 16-token blocks
+            max_suffix_tokens: 12,
+            decode_steps: 3,
+            capacity_pages: 48,
+            seed: 4,
+            kv_dtype,
+        };
+        let report = serve(&engine, "wgpu", &cfg).unwrap();
+        assert!(report.tokens_match, "{kv_dtype:?}: {report:?}");
+        assert!(
+            report.max_logit_rel_diff <= 1e-3,
+            "{kv_dtype:?}: {report:?}"
+        );
+        assert!(
+            report.reused_tokens >= (5 - 2) * 48,
+            "{kv_dtype:?}: {report:?}"
+        );
+    }
 }
 
 #[test]
