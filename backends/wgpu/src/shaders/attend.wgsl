@@ -2,17 +2,6 @@
 // query rows with an online softmax, and writes one partial per row:
 // [running max, running sum, unnormalised output × HD].
 
-struct Work {
-    table_off: u32,
-    kv_len: u32,
-    q_len: u32,
-    q_tok0: u32,
-    head: u32,
-    row0: u32,
-    k0: u32,
-    k1: u32,
-}
-
 @group(0) @binding(1) var<storage, read> queries: array<f32>;
 @group(0) @binding(2) var<storage, read> work: array<Work>;
 @group(0) @binding(3) var<storage, read> tables: array<u32>;

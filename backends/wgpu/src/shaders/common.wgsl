@@ -26,6 +26,19 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> params: Params;
 
+// One workgroup of the attention pass: a tile of query rows of one
+// sequence and kv head, over keys k0..k1 (`plan.rs`'s `WorkItem`).
+struct Work {
+    table_off: u32,
+    kv_len: u32,
+    q_len: u32,
+    q_tok0: u32,
+    head: u32,
+    row0: u32,
+    k0: u32,
+    k1: u32,
+}
+
 const WG: u32 = 64u;
 // Scores of masked keys; any real score is far above it.
 const NEG: f32 = -1e30;
