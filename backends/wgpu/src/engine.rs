@@ -11,7 +11,7 @@ use crate::gpu::{AdapterSummary, GUARANTEED_BINDING_BYTES, Gpu};
 use crate::pages::DevicePages;
 use crate::scratch::{ParamSlots, Scratch, le_bytes};
 use crate::shader::Pipelines;
-use crate::step::{DeviceAttend, DeviceRegion, DeviceStep};
+use crate::step::{DeviceAttend, DeviceRegion, DeviceStep, append_dests};
 
 /// Workgroup memory the attention kernel may use for its query tile.
 const QUERY_TILE_BYTES: u32 = 8 << 10;
@@ -191,36 +191,21 @@ impl WgpuEngine {
     }
 
     /// Lanes per key for the subgroup kernel on `layout`, or `None` for the
-    /// one-key-per-thread kernel. Every row must start on 16 bytes and each
-    /// lane's share of a row must be whole 16-byte loads.
+    /// one-key-per-thread kernel. Every row must start on 16 bytes (rows
+    /// start at multiples of head_dim inside a page, so head_dim and the
+    /// page stride must be whole 16-byte units) and each lane's share of a
+    /// row must be whole 16-byte loads.
     pub(crate) fn lane_group(&self, layout: &KvLayout) -> Option<u32> {
         if !self.subgroups {
             return None;
         }
-        let vw = 16 / layout.dtype().size_bytes() as u32;
+        let es = layout.dtype().size_bytes();
+        let vw = 16 / es as u32;
         let hd = layout.head_dim();
-        let k = layout.head_region(KvPart::K, 0, 0).ok()?;
-        let v = layout.head_region(KvPart::V, 0, 0).ok()?;
-        let aligned = [
-            hd,
-            (layout.page_bytes() / layout.dtype().size_bytes()) as u32,
-            k.start as u32,
-            v.start as u32,
-            k.len() as u32,
-        ]
-        .iter()
-        .all(|x| x.is_multiple_of(vw));
-        if !aligned {
+        if !hd.is_multiple_of(vw) || !layout.page_bytes().is_multiple_of(16) {
             return None;
         }
-        let per_lane_quads = hd / vw;
-        let g = self
-            .gpu
-            .summary
-            .subgroup_sizes
-            .0
-            .min(per_lane_quads)
-            .min(64);
+        let g = self.gpu.summary.subgroup_sizes.0.min(hd / vw).min(64);
         let g = 1 << g.max(1).ilog2();
         hd.is_multiple_of(g * vw).then_some(g)
     }
@@ -449,13 +434,7 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
             readback,
             ..
         } = &mut *host;
-        self.plan_checked(
-            step,
-            pages,
-            batch,
-            shape.shard.num_kv_heads(),
-            shape.q_tokens,
-        )?;
+        self.plan_checked(step, pages, batch, &shape)?;
         let bytes = out.len() as u64 * 4;
         let gpu = &*self.gpu;
         gpu.scoped(|| -> Result<()> {
@@ -496,9 +475,11 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
         if shape.tokens == 0 {
             return Ok(());
         }
-        let bt = shape.layout.block_tokens() as usize;
-        let dests = (w.start..w.start + shape.tokens)
-            .flat_map(|pos| [w.block_table[pos / bt].0, pos as u32]);
+        let dests = append_dests(
+            w.block_table,
+            w.start..w.start + shape.tokens,
+            shape.layout.block_tokens(),
+        );
         let mut host = self.host.lock().unwrap_or_else(PoisonError::into_inner);
         let HostScratch {
             k,

@@ -222,7 +222,7 @@ fn loads(dtype: KvDtype, head_dim: u32) -> String {
     let unscaled = "fn row_scale(c: u32, w: u32) -> f32 { return 1.0; }\n";
     let byte = "fn byte(c: u32, e: u32) -> u32 { return (word(c, e >> 2u) >> ((e & 3u) * 8u)) & 0xffu; }\n\
                 fn row_scale(c: u32, w: u32) -> f32 { return bitcast<f32>(word(c, w)); }\n";
-    let body: String = match (dtype, aligned) {
+    match (dtype, aligned) {
         (KvDtype::F32, _) => {
             format!(
                 "fn ld(c: u32, e: u32) -> f32 {{ return bitcast<f32>(word(c, e)); }}\n{pair}{unscaled}"
@@ -253,8 +253,7 @@ fn loads(dtype: KvDtype, head_dim: u32) -> String {
             "{byte}fn ld(c: u32, e: u32) -> f32 {{ let b = byte(c, e); \
              return unpack2x16float(((b & 0x80u) << 8u) | ((b & 0x7fu) << 7u)).x * 256.0; }}\n{pair}"
         ),
-    };
-    body
+    }
 }
 
 /// The subgroup kernel's constants and its per-key arithmetic, written out

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use kvslice_core::{
-    AttentionBatch, DeviceFailure, Error, KvLayout, PageGeometry, Result, SeqAttention,
+    AttentionBatch, BatchShape, DeviceFailure, Error, KvLayout, PageGeometry, PageId, Result,
+    SeqAttention,
 };
 
 use crate::engine::{Params, WgpuEngine};
@@ -84,7 +85,7 @@ pub struct DeviceAppend<'a> {
 }
 
 /// What a plan fixed, checked by every recorded call.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Planned {
     pub layout: KvLayout,
     pub num_pages: u32,
@@ -161,6 +162,17 @@ impl DeviceStep {
     }
 }
 
+/// The `(page, position)` words of positions `positions` of a sequence
+/// whose pages are `table` (`bt` tokens each): where the append kernel puts
+/// each token.
+pub(crate) fn append_dests(
+    table: &[PageId],
+    positions: std::ops::Range<usize>,
+    bt: u32,
+) -> impl Iterator<Item = u32> + '_ {
+    positions.flat_map(move |pos| [table[pos / bt as usize].0, pos as u32])
+}
+
 fn binding<'a>(region: &DeviceRegion<'a>, bytes: u64) -> wgpu::BindingResource<'a> {
     wgpu::BindingResource::Buffer(wgpu::BufferBinding {
         buffer: region.buffer,
@@ -233,13 +245,7 @@ impl WgpuEngine {
             ..AttentionBatch::new(0, shard, seqs, &[], 1.0)
         };
         let shape = batch.validate_shape(pages)?;
-        self.plan_checked(
-            step,
-            pages,
-            &batch,
-            shape.shard.num_kv_heads(),
-            shape.q_tokens,
-        )
+        self.plan_checked(step, pages, &batch, &shape)
     }
 
     /// [`plan`](Self::plan) after validation.
@@ -248,9 +254,9 @@ impl WgpuEngine {
         step: &mut DeviceStep,
         pages: &DevicePages,
         batch: &AttentionBatch<'_>,
-        kv_heads: u32,
-        q_tokens: usize,
+        shape: &BatchShape,
     ) -> Result<()> {
+        let (kv_heads, q_tokens) = (shape.shard.num_kv_heads(), shape.q_tokens);
         step.planned = None;
         step.params.reset();
         let layout = *pages.layout();
@@ -280,19 +286,20 @@ impl WgpuEngine {
         debug_assert_eq!(cut.split % KEY_TILE, 0);
         // Where each sequence's new tokens go, and whether two land in one
         // slot (two writers of one slot would race).
-        let bt = layout.block_tokens() as usize;
+        let bt = layout.block_tokens();
         let mut dests = Vec::with_capacity(2 * q_tokens);
-        let mut seen = HashSet::with_capacity(q_tokens);
-        let mut clashing_page = None;
         for s in batch.seqs {
-            for pos in s.kv_len - s.q_len..s.kv_len {
-                let page = s.block_table[pos / bt].0;
-                if !seen.insert((page, pos % bt)) {
-                    clashing_page.get_or_insert(page);
-                }
-                dests.extend([page, pos as u32]);
-            }
+            dests.extend(append_dests(
+                s.block_table,
+                s.kv_len - s.q_len..s.kv_len,
+                bt,
+            ));
         }
+        let mut seen = HashSet::with_capacity(q_tokens);
+        let clashing_page = dests
+            .chunks_exact(2)
+            .find(|d| !seen.insert((d[0], d[1] % bt)))
+            .map(|d| d[0]);
         let gpu = &*self.gpu;
         let partial_bytes = cut.work.len() as u64 * u64::from(rows) * u64::from(hd + 2) * 4;
         gpu.scoped(|| -> Result<()> {
@@ -340,10 +347,7 @@ impl WgpuEngine {
         step: &mut DeviceStep,
         call: &DeviceAttend<'_>,
     ) -> Result<()> {
-        self.check_memory(pages)?;
-        self.check_step(step)?;
-        let p = step.planned_for(pages)?.clone();
-        let (_, layer_in_group) = p.layout.layer_group(call.layer)?;
+        let (p, layer_in_group) = self.planned_layer(pages, step, call.layer)?;
         if !(call.scale.is_finite() && call.scale > 0.0) {
             return Err(Error::InvalidValue("scale must be finite and positive"));
         }
@@ -452,10 +456,7 @@ impl WgpuEngine {
         step: &mut DeviceStep,
         call: &DeviceAppend<'_>,
     ) -> Result<()> {
-        self.check_memory(pages)?;
-        self.check_step(step)?;
-        let p = step.planned_for(pages)?.clone();
-        let (_, layer_in_group) = p.layout.layer_group(call.layer)?;
+        let (p, layer_in_group) = self.planned_layer(pages, step, call.layer)?;
         if let Some(page) = p.clashing_page {
             return Err(Error::DuplicatePage { page });
         }
@@ -543,6 +544,21 @@ impl WgpuEngine {
         pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(gx, gy, 1);
         Ok(())
+    }
+
+    /// What a recorded call on `layer` of `pages` starts from: the checks
+    /// every call shares, the plan, and the layer's index in its page.
+    fn planned_layer(
+        &self,
+        pages: &DevicePages,
+        step: &DeviceStep,
+        layer: u32,
+    ) -> Result<(Planned, u32)> {
+        self.check_memory(pages)?;
+        self.check_step(step)?;
+        let p = *step.planned_for(pages)?;
+        let (_, layer_in_group) = p.layout.layer_group(layer)?;
+        Ok((p, layer_in_group))
     }
 
     fn check_step(&self, step: &DeviceStep) -> Result<()> {
