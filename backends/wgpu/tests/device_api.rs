@@ -299,6 +299,19 @@ fn thirty_layer_setup(e: &WgpuEngine) -> (KvLayout, DevicePages, Vec<Vec<PageId>
     (layout, e.upload(&host).unwrap(), tables, lens)
 }
 
+/// One decode token for each sequence of `thirty_layer_setup`.
+fn decode_seqs<'a>(tables: &'a [Vec<PageId>], lens: &[usize]) -> Vec<SeqAttention<'a>> {
+    tables
+        .iter()
+        .zip(lens)
+        .map(|(t, &len)| SeqAttention {
+            block_table: t,
+            kv_len: len,
+            q_len: 1,
+        })
+        .collect()
+}
+
 /// Thirty layers recorded into one encoder, one submission, each layer's
 /// output at its own offset: every layer equals the host-slice call.
 #[test]
@@ -307,15 +320,7 @@ fn thirty_layers_chain_in_one_submission() {
         return;
     };
     let (layout, pages, tables, lens) = thirty_layer_setup(&e);
-    let seqs: Vec<SeqAttention<'_>> = tables
-        .iter()
-        .zip(&lens)
-        .map(|(t, &len)| SeqAttention {
-            block_table: t,
-            kv_len: len,
-            q_len: 1,
-        })
-        .collect();
+    let seqs = decode_seqs(&tables, &lens);
     let per_layer = seqs.len() * (layout.num_q_heads() * layout.head_dim()) as usize;
     let stride = (per_layer as u64 * 4).next_multiple_of(e.offset_alignment());
     let queries = Rng::new(3).vec(per_layer * 30);
@@ -368,15 +373,7 @@ fn warm_calls_create_no_buffers() {
         return;
     };
     let (layout, mut pages, tables, lens) = thirty_layer_setup(&e);
-    let seqs: Vec<SeqAttention<'_>> = tables
-        .iter()
-        .zip(&lens)
-        .map(|(t, &len)| SeqAttention {
-            block_table: t,
-            kv_len: len,
-            q_len: 1,
-        })
-        .collect();
+    let seqs = decode_seqs(&tables, &lens);
     let q_floats = seqs.len() * (layout.num_q_heads() * layout.head_dim()) as usize;
     let kv_floats = seqs.len() * (layout.num_kv_heads() * layout.head_dim()) as usize;
     let queries = Rng::new(4).vec(q_floats);
