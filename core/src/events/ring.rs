@@ -159,21 +159,48 @@ impl EventRing {
     /// call drained (an empty ring counts as drained). Numbers rise by one
     /// (modulo 2^48).
     pub fn try_drain(&self, apply: &mut dyn FnMut(u64, KvEvent)) -> bool {
+        self.try_drain_up_to(usize::MAX, apply).is_some()
+    }
+
+    /// [`Self::try_drain`], stopping after `max` events (the rest stay for
+    /// the next drain, in order): for a consumer whose buffer is bounded,
+    /// such as the C ABI's caller. Returns how many it handed on, or
+    /// `None` if another thread is draining.
+    ///
+    /// ```
+    /// use kvslice_core::events::{EventRing, KvEvent, Medium};
+    ///
+    /// let ring = EventRing::new(8, Medium::Cpu);
+    /// for _ in 0..5 {
+    ///     ring.push(KvEvent::Cleared);
+    /// }
+    /// let mut numbers = Vec::new();
+    /// assert_eq!(ring.try_drain_up_to(3, &mut |n, _| numbers.push(n)), Some(3));
+    /// assert_eq!(ring.try_drain_up_to(3, &mut |n, _| numbers.push(n)), Some(2));
+    /// assert_eq!(numbers, [0, 1, 2, 3, 4]);
+    /// ```
+    pub fn try_drain_up_to(
+        &self,
+        max: usize,
+        apply: &mut dyn FnMut(u64, KvEvent),
+    ) -> Option<usize> {
         let d = &self.drainer;
         // An empty ring costs a drainer two loads and no write, so a
         // forwarding thread that polls does not take the producers' lines.
-        if d.head.load(Ordering::Relaxed) == self.producers.tail.load(Ordering::Relaxed) {
-            return true;
+        if max == 0 || d.head.load(Ordering::Relaxed) == self.producers.tail.load(Ordering::Relaxed)
+        {
+            return Some(0);
         }
         if d.draining
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            return false;
+            return None;
         }
         let mut h = d.head.load(Ordering::Relaxed);
         let t = self.producers.tail.load(Ordering::Relaxed);
-        while h != t {
+        let mut handed = 0;
+        while h != t && handed < max {
             let slot = &self.slots[(h & self.mask) as usize];
             // A claimed slot whose producer has not finished stops the
             // drain; the rest waits for the next one.
@@ -187,9 +214,10 @@ impl EventRing {
             d.head.store(h, Ordering::Release);
             let (number, event) = KvEvent::decode(words);
             apply(number, event);
+            handed += 1;
         }
         d.draining.store(false, Ordering::Release);
-        true
+        Some(handed)
     }
 }
 
