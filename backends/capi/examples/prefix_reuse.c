@@ -148,7 +148,8 @@ int main(void) {
   KvsCoordinator coord;
   CHECK(kvs_coordinator_new(layout, &secret, &coord));
   KvsStore store;
-  CHECK(kvs_store_new(layout, PAGES, "default", memory, &store));
+  /* With a ring of 256 KV events, for a prefix-aware router. */
+  CHECK(kvs_store_new_with_events(layout, PAGES, "default", memory, 256, KVS_MEDIUM_CPU, &store));
   KvsEngine engine;
   CHECK(kvs_engine_new(0, &engine));
 
@@ -170,6 +171,25 @@ int main(void) {
   printf("store: %llu lookups, %llu hit blocks, %llu inserts, %u of %u pages free\n",
          (unsigned long long)stats.lookups, (unsigned long long)stats.hit_blocks,
          (unsigned long long)stats.inserts, stats.free_pages, stats.capacity);
+
+  /* What a router is told: one event per block stored or evicted. */
+  KvsEvent events[64];
+  size_t n_events;
+  CHECK(kvs_events_drain(store, events, 64, &n_events));
+  unsigned long long stored = 0, removed = 0;
+  for (size_t i = 0; i < n_events; i++) {
+    stored += events[i].kind == KVS_EVENT_STORED;
+    removed += events[i].kind == KVS_EVENT_REMOVED;
+  }
+  KvsEventStats es;
+  CHECK(kvs_events_stats(store, &es));
+  printf("events: %llu stored, %llu removed, %llu dropped\n", stored, removed,
+         (unsigned long long)es.dropped);
+  if (stored != stats.inserts || es.dropped != 0) {
+    fprintf(stderr, "expected one stored event per insert (%llu)\n",
+            (unsigned long long)stats.inserts);
+    failures++;
+  }
 
   /* Bad input is a status and a message, never a crash. */
   size_t hits;

@@ -37,6 +37,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// `KvsEvent::kind`: a block became findable.
+#define KVS_EVENT_STORED 1
+
+// `KvsEvent::kind`: a block was evicted.
+#define KVS_EVENT_REMOVED 2
+
+// `KvsEvent::kind`: the store holds no block any more.
+#define KVS_EVENT_CLEARED 3
+
+// Where a store's pages live, as routers name it (vLLM's `medium`).
+#define KVS_MEDIUM_GPU 0
+
+// Host memory.
+#define KVS_MEDIUM_CPU 1
+
+// Local disk.
+#define KVS_MEDIUM_DISK 2
+
+// A shared remote tier.
+#define KVS_MEDIUM_REMOTE 3
+
+// Largest ring a store may have, in events (64 bytes each: 64 MiB).
+#define KVS_EVENT_RING_MAX (1 << 20)
+
 // Pages store K/V as IEEE binary32.
 #define KVS_DTYPE_F32 0
 
@@ -248,6 +272,55 @@ typedef struct KvsAttend {
   uint32_t window;
 } KvsAttend;
 
+// Page memory the caller owns (see `kvs_memory_wrap`).
+//
+// A 64-bit id, not a pointer (see the module docs); 0 is null.
+typedef struct KvsMemory {
+  // The id; 0 is null.
+  uint64_t id;
+} KvsMemory;
+
+// A cache store: page pool, key map and eviction policy. Every
+// function on it may be called from any number of threads at once.
+//
+// A 64-bit id, not a pointer (see the module docs); 0 is null.
+typedef struct KvsStore {
+  // The id; 0 is null.
+  uint64_t id;
+} KvsStore;
+
+// One event.
+typedef struct KvsEvent {
+  // The event's number: 0, 1, 2, ... in the order the ring accepted
+  // them (dropped events are counted in `KvsEventStats::dropped`, not
+  // numbered); 0 in a snapshot.
+  uint64_t number;
+  // `KVS_EVENT_STORED`, `KVS_EVENT_REMOVED` or `KVS_EVENT_CLEARED`.
+  uint32_t kind;
+  // Stored: the tokens the block holds; otherwise 0.
+  uint32_t tokens;
+  // Stored and removed: the block's key; zero for cleared.
+  struct KvsKey key;
+  // Stored: 1 if the block was published after a parent block, whose
+  // hash is `parent_lo`/`parent_hi`; otherwise 0.
+  uint32_t has_parent;
+  // Low 64 bits of the parent's block hash.
+  uint64_t parent_lo;
+  // High 64 bits of the parent's block hash.
+  uint64_t parent_hi;
+} KvsEvent;
+
+// A store's event counters (`kvs_events_stats`).
+typedef struct KvsEventStats {
+  // Events the store emitted, dropped ones included.
+  uint64_t emitted;
+  // Events dropped because the ring was full: a consumer that sees this
+  // rise lost events and should resynchronise (`kvs_events_snapshot`).
+  uint64_t dropped;
+  // Slots in the ring.
+  uint64_t capacity;
+} KvsEventStats;
+
 // The geometry of a model's K/V and of a page (`kvs_layout_new`).
 typedef struct KvsLayoutSpec {
   // Transformer layers.
@@ -285,23 +358,6 @@ typedef struct KvsLayoutInfo {
   // Floats per token of queries for one layer and shard.
   uint32_t q_row;
 } KvsLayoutInfo;
-
-// Page memory the caller owns (see `kvs_memory_wrap`).
-//
-// A 64-bit id, not a pointer (see the module docs); 0 is null.
-typedef struct KvsMemory {
-  // The id; 0 is null.
-  uint64_t id;
-} KvsMemory;
-
-// A cache store: page pool, key map and eviction policy. Every
-// function on it may be called from any number of threads at once.
-//
-// A 64-bit id, not a pointer (see the module docs); 0 is null.
-typedef struct KvsStore {
-  // The id; 0 is null.
-  uint64_t id;
-} KvsStore;
 
 // A store's counters (`kvs_store_stats`).
 typedef struct KvsStats {
@@ -408,6 +464,62 @@ KvsStatus kvs_write_kv(struct KvsEngine engine,
 // floats (`out` not overlapping `q`). All are only used during the call.
 KvsStatus kvs_attend(struct KvsEngine engine,
                      const struct KvsAttend *attend);
+
+// [`kvs_store_new`](crate::kvs_store_new), with a ring of `ring_slots`
+// events (rounded up to a power of two; 1 to `KVS_EVENT_RING_MAX`) that
+// the store fills as it publishes and evicts, naming its pages' `medium`
+// (`KVS_MEDIUM_*`). Lookups emit nothing; a full ring drops events and
+// counts them, and never slows the store. Drain it with
+// `kvs_events_drain`.
+//
+// # Safety
+//
+// As `kvs_store_new`.
+KvsStatus kvs_store_new_with_events(struct KvsLayout layout,
+                                    uint32_t capacity,
+                                    const char *policy,
+                                    struct KvsMemory memory,
+                                    uint32_t ring_slots,
+                                    uint32_t medium,
+                                    struct KvsStore *out);
+
+// Moves up to `cap` events, oldest first, from the store's ring into
+// `events`, and their number into `written`. Events beyond `cap` stay for
+// the next call. While another thread drains the same store:
+// `KVS_STATUS_BUSY`, nothing moved.
+//
+// # Safety
+//
+// `events` points to `cap` writable `KvsEvent` (null when `cap` is 0);
+// `written` to a writable `size_t`.
+KvsStatus kvs_events_drain(struct KvsStore store,
+                           struct KvsEvent *events,
+                           size_t cap,
+                           size_t *written);
+
+// Writes a `KVS_EVENT_STORED` event (number 0) for every block the store
+// holds now to `events` (room for `cap`) and their number to `total`:
+// what a consumer that lost events rebuilds its view from. With too
+// little room: `KVS_STATUS_BUFFER_TOO_SMALL`, `total` written, no events.
+// Events emitted while it runs are in the ring, so drain the ring, take
+// the snapshot, then apply what the ring held after it.
+//
+// # Safety
+//
+// `events` points to `cap` writable `KvsEvent` (null when `cap` is 0);
+// `total` to a writable `size_t`.
+KvsStatus kvs_events_snapshot(struct KvsStore store,
+                              struct KvsEvent *events,
+                              size_t cap,
+                              size_t *total);
+
+// The store's event counters, written to `out`.
+//
+// # Safety
+//
+// `out` points to writable memory for a `KvsEventStats`.
+KvsStatus kvs_events_stats(struct KvsStore store,
+                           struct KvsEventStats *out);
 
 // Validates `spec` and makes a layout handle in `out`.
 //

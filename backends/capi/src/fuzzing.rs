@@ -1,7 +1,8 @@
 //! Arbitrary sequences of ABI calls with arbitrary arguments: made-up,
 //! destroyed and wrong-kind handles, null and short buffers, wrong
 //! lengths, double destroys. Checked after every call: no panic reached
-//! the boundary, and bad pointers got their status. Checked at the end:
+//! the boundary, bad pointers got their status, and drained events are
+//! numbered on from the last drain. Checked at the end:
 //! once every request has ended, every page of every store is free or
 //! cached (nothing leaked), and caller memory is released.
 
@@ -50,6 +51,8 @@ struct World {
     layout_shape: HashMap<u64, Shape>,
     store_shape: HashMap<u64, Shape>,
     request_store: HashMap<u64, u64>,
+    /// The number the next drained event of a store must have.
+    event_numbers: HashMap<u64, u64>,
 }
 
 /// What a well-formed call needs to know of a layout.
@@ -177,9 +180,22 @@ fn step(op: u32, u: &mut Unstructured<'_>, w: &mut World, arenas: &mut Vec<Vec<u
                 _ => KvsMemory { id: 0 },
             };
             let mut out = KvsStore { id: 0 };
+            let capacity = small(u, 0, 12);
             // SAFETY: live locals and a static string.
-            let done =
-                ok(unsafe { kvs_store_new(layout, small(u, 0, 12), policy, memory, &mut out) });
+            let done = ok(unsafe {
+                match small(u, 0, 2) {
+                    // With an event ring, its size and medium sometimes bad.
+                    0 => {
+                        let slots =
+                            [0, 1, 2, 5, 64, KVS_EVENT_RING_MAX + 1][small(u, 0, 5) as usize];
+                        let medium = small(u, 0, 4);
+                        kvs_store_new_with_events(
+                            layout, capacity, policy, memory, slots, medium, &mut out,
+                        )
+                    }
+                    _ => kvs_store_new(layout, capacity, policy, memory, &mut out),
+                }
+            });
             if done {
                 w.stores.push(out);
                 if let Some(&shape) = w.layout_shape.get(&layout.id) {
@@ -285,11 +301,68 @@ fn step(op: u32, u: &mut Unstructured<'_>, w: &mut World, arenas: &mut Vec<Vec<u
         14 => destroy(u, w),
         _ => {
             let store = pick(u, &w.stores, |id| KvsStore { id });
-            let mut stats = KvsStats::default();
-            // SAFETY: a live local.
-            let done = ok(unsafe { kvs_store_stats(store, &mut stats) });
+            match small(u, 0, 3) {
+                0 => events(u, w, store),
+                _ => {
+                    let mut stats = KvsStats::default();
+                    // SAFETY: a live local.
+                    let done = ok(unsafe { kvs_store_stats(store, &mut stats) });
+                    if done {
+                        assert!(stats.free_pages <= stats.capacity);
+                    }
+                    done
+                }
+            }
+        }
+    }
+}
+
+/// Drains, snapshots or counts `store`'s events: drained events are
+/// well formed and numbered on from the last drain of the store.
+fn events(u: &mut Unstructured<'_>, w: &mut World, store: KvsStore) -> bool {
+    let cap = small(u, 0, 6) as usize;
+    let mut buf = vec![KvsEvent::default(); cap];
+    // A null buffer, sometimes with room claimed.
+    let at = if small(u, 0, 7) == 0 {
+        ptr::null_mut()
+    } else {
+        buf.as_mut_ptr()
+    };
+    let mut n = usize::MAX;
+    match small(u, 0, 2) {
+        0 => {
+            // SAFETY: `at` is null or has `cap` entries; `n` a live local.
+            let done = ok(unsafe { kvs_events_drain(store, at, cap, &mut n) });
             if done {
-                assert!(stats.free_pages <= stats.capacity);
+                assert!(n <= cap);
+                let next = w.event_numbers.entry(store.id).or_insert(0);
+                for e in &buf[..n] {
+                    assert!(matches!(
+                        e.kind,
+                        KVS_EVENT_STORED | KVS_EVENT_REMOVED | KVS_EVENT_CLEARED
+                    ));
+                    assert_eq!(e.number, *next, "event numbers rise by one");
+                    *next += 1;
+                }
+            } else {
+                assert_eq!(n, usize::MAX, "a refused drain wrote its count");
+            }
+            done
+        }
+        1 => {
+            // SAFETY: as above.
+            let s = unsafe { kvs_events_snapshot(store, at, cap, &mut n) };
+            if s == KvsStatus::Ok {
+                assert!(buf[..n].iter().all(|e| e.kind == KVS_EVENT_STORED));
+            }
+            ok(s)
+        }
+        _ => {
+            let mut stats = KvsEventStats::default();
+            // SAFETY: a live local.
+            let done = ok(unsafe { kvs_events_stats(store, &mut stats) });
+            if done {
+                assert!(stats.dropped <= stats.emitted && stats.capacity.is_power_of_two());
             }
             done
         }

@@ -1,5 +1,6 @@
 //! A C ABI over kvslice: layouts, the coordinator, the cache store (page
-//! memory of its own or the caller's) and the CPU attention engine.
+//! memory of its own or the caller's, KV cache events for routers) and the
+//! CPU attention engine.
 //!
 //! The header, `include/kvslice.h`, is generated from this crate by
 //! cbindgen (`tests/header.rs` fails when the checked-in copy is stale).
@@ -67,6 +68,7 @@
 mod args;
 mod coordinator;
 mod engine;
+mod events;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod handles;
@@ -79,6 +81,11 @@ mod types;
 
 pub use coordinator::{kvs_coordinator_destroy, kvs_coordinator_new, kvs_plan};
 pub use engine::{kvs_attend, kvs_engine_destroy, kvs_engine_new, kvs_write_kv};
+pub use events::{
+    KVS_EVENT_CLEARED, KVS_EVENT_REMOVED, KVS_EVENT_RING_MAX, KVS_EVENT_STORED, KVS_MEDIUM_CPU,
+    KVS_MEDIUM_DISK, KVS_MEDIUM_GPU, KVS_MEDIUM_REMOTE, KvsEvent, KvsEventStats, kvs_events_drain,
+    kvs_events_snapshot, kvs_events_stats, kvs_store_new_with_events,
+};
 pub use layout::{kvs_layout_destroy, kvs_layout_info, kvs_layout_new};
 pub use memory::{kvs_memory_destroy, kvs_memory_wrap};
 pub use request::{

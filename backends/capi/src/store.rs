@@ -4,6 +4,7 @@ use std::ffi::{CStr, c_char};
 use std::sync::Arc;
 
 use kvslice_core::epoch::default_collector;
+use kvslice_core::events::EventRing;
 use kvslice_core::{CacheStore, EvictionPolicy, PagePool, evict};
 
 use crate::handles::{self, Object};
@@ -47,8 +48,31 @@ pub unsafe extern "C" fn kvs_store_new(
     memory: KvsMemory,
     out: *mut KvsStore,
 ) -> KvsStatus {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { new_store(layout, capacity, policy, memory, || Ok(None), out) }
+}
+
+/// [`kvs_store_new`], with the ring `events` makes (if any) attached to
+/// the store; its failure fails the call before anything is made.
+///
+/// # Safety
+///
+/// As [`kvs_store_new`].
+pub(crate) unsafe fn new_store(
+    layout: KvsLayout,
+    capacity: u32,
+    policy: *const c_char,
+    memory: KvsMemory,
+    events: impl FnOnce() -> Outcome<Option<EventRing>>,
+    out: *mut KvsStore,
+) -> KvsStatus {
     call(|| {
         args::check_out(out, "out")?;
+        let mut events = events()?;
+        let mut attach = |store: CacheStore<'static, Box<dyn EvictionPolicy>>| match events.take() {
+            Some(ring) => store.with_events(ring),
+            None => store,
+        };
         let layout = crate::layout::get(layout)?;
         let name = if policy.is_null() {
             "default"
@@ -68,7 +92,7 @@ pub unsafe extern "C" fn kvs_store_new(
         };
         let obj = if memory.id == 0 {
             StoreObj {
-                store: CacheStore::new(layout, capacity, policy(capacity)?)?,
+                store: attach(CacheStore::new(layout, capacity, policy(capacity)?)?),
                 _claim: None,
             }
         } else {
@@ -101,7 +125,11 @@ pub unsafe extern "C" fn kvs_store_new(
             StoreObj {
                 // The default collector, as `CacheStore::new`'s: guards
                 // come from `CacheStore::pin` on every thread.
-                store: CacheStore::from_parts(pool, policy, default_collector().clone())?,
+                store: attach(CacheStore::from_parts(
+                    pool,
+                    policy,
+                    default_collector().clone(),
+                )?),
                 _claim: Some(claim),
             }
         };

@@ -42,6 +42,10 @@ fn build_and_run(name: &str, flags: &[&str]) -> String {
 fn check(stdout: &str) {
     assert!(stdout.contains("request A:") && stdout.contains("request B:"));
     assert!(stdout.contains("2 cached blocks reused"), "{stdout}");
+    assert!(
+        stdout.contains("events: 2 stored, 0 removed, 0 dropped"),
+        "{stdout}"
+    );
     assert_eq!(stdout.lines().last(), Some("ok"), "{stdout}");
 }
 
