@@ -61,6 +61,10 @@
 // Largest ring a store may have, in events (64 bytes each: 64 MiB).
 #define KVS_EVENT_RING_MAX (1 << 20)
 
+// The block-table entry (`kvs_block_table`) of a position whose page
+// `kvs_request_slide_window` released.
+#define KVS_PAGE_RELEASED 4294967295
+
 // Pages store K/V as IEEE binary32.
 #define KVS_DTYPE_F32 0
 
@@ -629,8 +633,30 @@ KvsStatus kvs_request_truncate(struct KvsRequest request,
                                uint32_t head_shard,
                                size_t keep);
 
+// Releases the pages no later token attends to under a sliding window of
+// `window` tokens, in every lane of the request: the next token, at
+// position `kv_len` (the tokens so far), sees `kv_len + 1 - window` to
+// `kv_len`, so every block before the one holding the first of those
+// goes. Their block-table entries become `KVS_PAGE_RELEASED` (positions
+// keep their blocks); cached pages stay in the store for other requests,
+// unpublished ones are freed. Writes how many pages it released to
+// `released`. Called after each decode step, a request holds at most
+// `ceil(window / block_tokens) + 1` pages per lane. `kvs_attend` with the
+// same `window` reads only pages it holds; a wider window reads a released
+// page and fails. A block published after its parent was released is
+// published without a parent. `window` 0 is an error.
+//
+// # Safety
+//
+// `released` points to a writable `size_t`.
+KvsStatus kvs_request_slide_window(struct KvsRequest request,
+                                   uint32_t window,
+                                   size_t kv_len,
+                                   size_t *released);
+
 // Writes the lane's page ids, in order, to `pages` (room for `cap`) and
-// their number to `len`. With too little room: `KVS_STATUS_BUFFER_TOO_SMALL`,
+// their number to `len` (`KVS_PAGE_RELEASED` where a window released
+// the page). With too little room: `KVS_STATUS_BUFFER_TOO_SMALL`,
 // `len` written, no ids.
 //
 // # Safety

@@ -272,6 +272,19 @@ fn step(op: u32, u: &mut Unstructured<'_>, w: &mut World, arenas: &mut Vec<Vec<u
         }
         9 => {
             let req = pick(u, &w.requests, |id| KvsRequest { id });
+            if small(u, 0, 1) == 0 {
+                let mut released = usize::MAX;
+                // SAFETY: a live local.
+                let s = unsafe {
+                    kvs_request_slide_window(
+                        req,
+                        small(u, 0, 9),
+                        small(u, 0, 24) as usize,
+                        &mut released,
+                    )
+                };
+                return ok(s);
+            }
             ok(kvs_request_truncate(
                 req,
                 small(u, 0, 2),

@@ -89,8 +89,8 @@ pub use events::{
 pub use layout::{kvs_layout_destroy, kvs_layout_info, kvs_layout_new};
 pub use memory::{kvs_memory_destroy, kvs_memory_wrap};
 pub use request::{
-    kvs_allocate, kvs_block_table, kvs_lookup_prefix, kvs_publish, kvs_request_begin,
-    kvs_request_end, kvs_request_truncate,
+    KVS_PAGE_RELEASED, kvs_allocate, kvs_block_table, kvs_lookup_prefix, kvs_publish,
+    kvs_request_begin, kvs_request_end, kvs_request_slide_window, kvs_request_truncate,
 };
 pub use status::{KvsStatus, kvs_last_error};
 pub use store::{kvs_store_destroy, kvs_store_new, kvs_store_stats};

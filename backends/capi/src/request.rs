@@ -17,6 +17,11 @@ use crate::status::{Failure, KvsStatus, Outcome, call};
 use crate::store::StoreObj;
 use crate::{KvsKey, KvsRequest, KvsStore, args};
 
+/// The block-table entry (`kvs_block_table`) of a position whose page
+/// `kvs_request_slide_window` released.
+pub const KVS_PAGE_RELEASED: u32 = 0xFFFF_FFFF;
+const _: () = assert!(KVS_PAGE_RELEASED == PageId::PLACEHOLDER.0);
+
 /// One block-table position of a lane.
 #[derive(Debug)]
 pub(crate) enum Slot {
@@ -26,6 +31,10 @@ pub(crate) enum Slot {
     Fill(FillToken),
     /// A page a failed publish gave back; truncate the lane before it.
     Lost,
+    /// A page released because no later token attends to it
+    /// (`kvs_request_slide_window`); its block-table entry is
+    /// `KVS_PAGE_RELEASED`.
+    Released,
 }
 
 /// The same position while a call uses it.
@@ -33,6 +42,7 @@ enum Guard<'s> {
     Held(PageRef<'s, 'static>),
     Fill(PageMut<'s, 'static>),
     Lost,
+    Released,
 }
 
 pub(crate) struct RequestObj {
@@ -73,6 +83,31 @@ impl RequestObj {
         }
     }
 
+    /// Releases every page of every lane before block `block`, leaving
+    /// [`Slot::Released`] in their places; how many pages it released.
+    fn release_before(&mut self, block: usize) -> usize {
+        let pool = self.store.store.pool();
+        let mut n = 0;
+        for lane in &mut self.lanes {
+            let upto = block.min(lane.len());
+            for slot in &mut lane[..upto] {
+                match std::mem::replace(slot, Slot::Released) {
+                    Slot::Released | Slot::Lost => {}
+                    page => {
+                        release(pool, page);
+                        n += 1;
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Whether position `block` of `lane` was released by a window.
+    pub(crate) fn released(&self, lane: usize, block: usize) -> bool {
+        matches!(self.lanes[lane].get(block), Some(Slot::Released))
+    }
+
     /// Releases every page and ends the ticket.
     fn end(&mut self) -> Outcome {
         for lane in 0..self.lanes.len() {
@@ -92,6 +127,7 @@ impl RequestObj {
             .map(|(i, s)| match s {
                 Slot::Held(t) => Ok(t.handle().id()),
                 Slot::Fill(t) => Ok(t.handle().id()),
+                Slot::Released => Ok(PageId::PLACEHOLDER),
                 Slot::Lost => Err(Failure::invalid(format!(
                     "position {i} lost its page to a failed publish: truncate the lane there and allocate again"
                 ))),
@@ -120,7 +156,7 @@ fn release(pool: &PagePool<'static>, slot: Slot) {
     match slot {
         Slot::Held(t) => drop(pool.release(t)),
         Slot::Fill(t) => drop(pool.redeem_fill(t)),
-        Slot::Lost => {}
+        Slot::Lost | Slot::Released => {}
     }
 }
 
@@ -142,6 +178,7 @@ impl<'s> Lanes<'s> {
                     Slot::Held(t) => Guard::Held(pool.redeem(t)?),
                     Slot::Fill(t) => Guard::Fill(pool.redeem_fill(t)?),
                     Slot::Lost => Guard::Lost,
+                    Slot::Released => Guard::Released,
                 });
             }
             guards.push(g);
@@ -156,7 +193,7 @@ impl<'s> Lanes<'s> {
             match g {
                 Guard::Held(r) => view.add_ref(r),
                 Guard::Fill(m) => view.add_mut(m),
-                Guard::Lost => {}
+                Guard::Lost | Guard::Released => {}
             }
         }
         view
@@ -169,6 +206,7 @@ impl<'s> Lanes<'s> {
                 Guard::Held(r) => Slot::Held(r.into_token()),
                 Guard::Fill(m) => Slot::Fill(m.into_token()),
                 Guard::Lost => Slot::Lost,
+                Guard::Released => Slot::Released,
             }));
         }
     }
@@ -371,7 +409,9 @@ fn publish(r: &mut RequestObj, slot: usize, key: KvsKey, valid_tokens: u32) -> O
             )));
         }
     }
-    if slot > 0 && !matches!(slots[slot - 1], Slot::Held(_)) {
+    // A parent the window released is no parent: the block is published
+    // without one (a root to the store, no parent in its event).
+    if slot > 0 && !matches!(slots[slot - 1], Slot::Held(_) | Slot::Released) {
         return Err(Failure::invalid(format!(
             "position {} (the parent) is not published: publish blocks in order",
             slot - 1
@@ -385,11 +425,13 @@ fn publish(r: &mut RequestObj, slot: usize, key: KvsKey, valid_tokens: u32) -> O
         unreachable!("checked above")
     };
     let fill = pool.redeem_fill(fill)?;
-    let parent = match slot
-        .checked_sub(1)
-        .map(|p| std::mem::replace(&mut slots[p], Slot::Lost))
-    {
-        Some(Slot::Held(t)) => Some(pool.redeem(t)?),
+    let parent = match slot.checked_sub(1) {
+        Some(p) if matches!(slots[p], Slot::Held(_)) => {
+            let Slot::Held(t) = std::mem::replace(&mut slots[p], Slot::Lost) else {
+                unreachable!("matched above")
+            };
+            Some(pool.redeem(t)?)
+        }
         _ => None,
     };
     let guard = store.store.pin();
@@ -428,8 +470,48 @@ pub extern "C" fn kvs_request_truncate(
     })
 }
 
+/// Releases the pages no later token attends to under a sliding window of
+/// `window` tokens, in every lane of the request: the next token, at
+/// position `kv_len` (the tokens so far), sees `kv_len + 1 - window` to
+/// `kv_len`, so every block before the one holding the first of those
+/// goes. Their block-table entries become `KVS_PAGE_RELEASED` (positions
+/// keep their blocks); cached pages stay in the store for other requests,
+/// unpublished ones are freed. Writes how many pages it released to
+/// `released`. Called after each decode step, a request holds at most
+/// `ceil(window / block_tokens) + 1` pages per lane. `kvs_attend` with the
+/// same `window` reads only pages it holds; a wider window reads a released
+/// page and fails. A block published after its parent was released is
+/// published without a parent. `window` 0 is an error.
+///
+/// # Safety
+///
+/// `released` points to a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvs_request_slide_window(
+    request: KvsRequest,
+    window: u32,
+    kv_len: usize,
+    released: *mut usize,
+) -> KvsStatus {
+    call(|| {
+        args::check_out(released, "released")?;
+        if window == 0 {
+            return Err(Failure::invalid("window must be at least one token"));
+        }
+        let n = with(request, |r| {
+            live(&r.ticket)?;
+            let bt = r.store.store.layout().block_tokens() as usize;
+            let first = kv_len.saturating_add(1).saturating_sub(window as usize);
+            Ok(r.release_before(first / bt))
+        })?;
+        // SAFETY: checked above; the caller's promise on `released`.
+        unsafe { args::write_out(released, n, "released") }
+    })
+}
+
 /// Writes the lane's page ids, in order, to `pages` (room for `cap`) and
-/// their number to `len`. With too little room: `KVS_STATUS_BUFFER_TOO_SMALL`,
+/// their number to `len` (`KVS_PAGE_RELEASED` where a window released
+/// the page). With too little room: `KVS_STATUS_BUFFER_TOO_SMALL`,
 /// `len` written, no ids.
 ///
 /// # Safety
