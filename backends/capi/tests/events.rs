@@ -3,58 +3,21 @@
 //! a snapshot that matches the store; bad input refused with nothing made
 //! or moved.
 
-use std::ffi::CStr;
+mod common;
+
 use std::ptr;
 
+use common::{last_error, plan_keys, tiny_layout};
 use kvslice_capi::*;
-
-fn last_error() -> String {
-    // SAFETY: kvs_last_error returns a NUL-terminated string.
-    unsafe { CStr::from_ptr(kvs_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// A layout of 2-token blocks and the keys of an 8-token sequence (four
 /// blocks, chained).
 fn layout_and_keys() -> (KvsLayout, Vec<KvsKey>) {
-    let spec = KvsLayoutSpec {
-        num_layers: 1,
-        num_q_heads: 2,
-        num_kv_heads: 1,
-        head_dim: 4,
-        block_tokens: 2,
-        dtype: KVS_DTYPE_F32,
-        ..Default::default()
-    };
-    let (mut layout, mut coord) = (KvsLayout { id: 0 }, KvsCoordinator { id: 0 });
-    let tokens = [5u32, 6, 7, 8, 9, 10, 11, 12];
-    let mut keys = vec![KvsKey::default(); 4];
-    // SAFETY: every pointer is to a live local of the stated size.
-    unsafe {
-        assert_eq!(kvs_layout_new(&spec, &mut layout), KvsStatus::Ok);
-        assert_eq!(
-            kvs_coordinator_new(layout, &[9; 16], &mut coord),
-            KvsStatus::Ok
-        );
-        let plan = KvsPlanRequest {
-            tokens: tokens.as_ptr(),
-            n_tokens: tokens.len(),
-            salt: ptr::null(),
-            salt_len: 0,
-            range_start: 0,
-            range_end: 0,
-            layer_group: 0,
-            head_shard: 0,
-        };
-        let mut info = KvsPlanInfo::default();
-        assert_eq!(
-            kvs_plan(coord, &plan, keys.as_mut_ptr(), keys.len(), &mut info),
-            KvsStatus::Ok
-        );
-    }
-    assert_eq!(kvs_coordinator_destroy(coord), KvsStatus::Ok);
-    (layout, keys)
+    let layout = tiny_layout();
+    (
+        layout,
+        plan_keys(layout, 9, &[5, 6, 7, 8, 9, 10, 11, 12], 4),
+    )
 }
 
 fn store_with_events(layout: KvsLayout, pages: u32, slots: u32) -> KvsStore {

@@ -2,17 +2,12 @@
 //! attends to, attention under the same window still reads what it needs,
 //! and a released page cannot be read or written through the request.
 
-use std::ffi::CStr;
+mod common;
+
 use std::ptr;
 
+use common::{last_error, plan_keys, tiny_layout};
 use kvslice_capi::*;
-
-fn last_error() -> String {
-    // SAFETY: kvs_last_error returns a NUL-terminated string.
-    unsafe { CStr::from_ptr(kvs_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 struct Fixture {
     layout: KvsLayout,
@@ -21,55 +16,20 @@ struct Fixture {
     keys: Vec<KvsKey>,
 }
 
-/// One layer, one kv head of width 4 (two query heads), 2-token blocks,
-/// f32; a store of 8 pages and the keys of a 6-token sequence.
+/// The tiny layout, a store of 8 pages, an engine and the keys of a
+/// 6-token sequence.
 fn fixture() -> Fixture {
-    let spec = KvsLayoutSpec {
-        num_layers: 1,
-        num_q_heads: 2,
-        num_kv_heads: 1,
-        head_dim: 4,
-        block_tokens: 2,
-        dtype: KVS_DTYPE_F32,
-        ..Default::default()
-    };
-    let (mut layout, mut coord, mut store, mut engine) = (
-        KvsLayout { id: 0 },
-        KvsCoordinator { id: 0 },
-        KvsStore { id: 0 },
-        KvsEngine { id: 0 },
-    );
-    let tokens = [1u32, 2, 3, 4, 5, 6];
-    let mut keys = vec![KvsKey::default(); 3];
+    let layout = tiny_layout();
+    let (mut store, mut engine) = (KvsStore { id: 0 }, KvsEngine { id: 0 });
     // SAFETY: every pointer is to a live local of the stated size.
     unsafe {
-        assert_eq!(kvs_layout_new(&spec, &mut layout), KvsStatus::Ok);
-        assert_eq!(
-            kvs_coordinator_new(layout, &[1; 16], &mut coord),
-            KvsStatus::Ok
-        );
         assert_eq!(
             kvs_store_new(layout, 8, ptr::null(), KvsMemory { id: 0 }, &mut store),
             KvsStatus::Ok
         );
         assert_eq!(kvs_engine_new(1, &mut engine), KvsStatus::Ok);
-        let plan = KvsPlanRequest {
-            tokens: tokens.as_ptr(),
-            n_tokens: tokens.len(),
-            salt: ptr::null(),
-            salt_len: 0,
-            range_start: 0,
-            range_end: 0,
-            layer_group: 0,
-            head_shard: 0,
-        };
-        let mut info = KvsPlanInfo::default();
-        assert_eq!(
-            kvs_plan(coord, &plan, keys.as_mut_ptr(), keys.len(), &mut info),
-            KvsStatus::Ok
-        );
     }
-    assert_eq!(kvs_coordinator_destroy(coord), KvsStatus::Ok);
+    let keys = plan_keys(layout, 1, &[1, 2, 3, 4, 5, 6], 3);
     Fixture {
         layout,
         store,
@@ -122,6 +82,18 @@ fn attend(f: &Fixture, req: KvsRequest, kv_len: usize, window: u32) -> (KvsStatu
     (status, out)
 }
 
+/// A request on the fixture's store holding `n` fresh pages.
+fn begin_with_pages(f: &Fixture, n: u32) -> KvsRequest {
+    let mut req = KvsRequest { id: 0 };
+    let mut first = 0;
+    // SAFETY: live locals.
+    unsafe {
+        assert_eq!(kvs_request_begin(f.store, &mut req), KvsStatus::Ok);
+        assert_eq!(kvs_allocate(req, 0, 0, n, &mut first), KvsStatus::Ok);
+    }
+    req
+}
+
 fn table(req: KvsRequest) -> Vec<u32> {
     let mut pages = [0u32; 8];
     let mut len = 0;
@@ -148,13 +120,7 @@ fn slide(req: KvsRequest, window: u32, kv_len: usize) -> (KvsStatus, usize) {
 #[test]
 fn a_slid_window_releases_what_no_later_token_reads() {
     let f = fixture();
-    let mut req = KvsRequest { id: 0 };
-    // SAFETY: live locals.
-    unsafe {
-        assert_eq!(kvs_request_begin(f.store, &mut req), KvsStatus::Ok);
-        let mut first = 0;
-        assert_eq!(kvs_allocate(req, 0, 0, 3, &mut first), KvsStatus::Ok);
-    }
+    let req = begin_with_pages(&f, 3);
     assert_eq!(write(&f, req, 0, 5), KvsStatus::Ok);
     // Block 0 published (cached for others), block 1 still being filled.
     let mut page = 0;
@@ -223,13 +189,7 @@ fn a_slid_window_releases_what_no_later_token_reads() {
 #[test]
 fn bad_slides_are_refused_and_release_nothing() {
     let f = fixture();
-    let mut req = KvsRequest { id: 0 };
-    // SAFETY: live locals.
-    unsafe {
-        assert_eq!(kvs_request_begin(f.store, &mut req), KvsStatus::Ok);
-        let mut first = 0;
-        assert_eq!(kvs_allocate(req, 0, 0, 3, &mut first), KvsStatus::Ok);
-    }
+    let req = begin_with_pages(&f, 3);
     let before = table(req);
     assert_eq!(slide(req, 0, 5), (KvsStatus::InvalidArgument, usize::MAX));
     assert!(last_error().contains("window"), "{}", last_error());

@@ -63,3 +63,69 @@ pub fn run(what: &str, cmd: &mut Command) -> Output {
     );
     out
 }
+
+/// The message of this thread's last failed call.
+pub fn last_error() -> String {
+    // SAFETY: kvs_last_error returns a NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(kvslice_capi::kvs_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The keys of `tokens` in lane (0, 0) of `layout`, one per block (room
+/// for `blocks`), planned by a coordinator with a secret of `secret`s.
+pub fn plan_keys(
+    layout: kvslice_capi::KvsLayout,
+    secret: u8,
+    tokens: &[u32],
+    blocks: usize,
+) -> Vec<kvslice_capi::KvsKey> {
+    use kvslice_capi::*;
+    let mut coord = KvsCoordinator { id: 0 };
+    let mut keys = vec![KvsKey::default(); blocks];
+    let plan = KvsPlanRequest {
+        tokens: tokens.as_ptr(),
+        n_tokens: tokens.len(),
+        salt: std::ptr::null(),
+        salt_len: 0,
+        range_start: 0,
+        range_end: 0,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    let mut info = KvsPlanInfo::default();
+    // SAFETY: every pointer is to a live local of the stated size.
+    unsafe {
+        assert_eq!(
+            kvs_coordinator_new(layout, &[secret; 16], &mut coord),
+            KvsStatus::Ok
+        );
+        assert_eq!(
+            kvs_plan(coord, &plan, keys.as_mut_ptr(), blocks, &mut info),
+            KvsStatus::Ok,
+            "{}",
+            last_error()
+        );
+    }
+    assert_eq!(kvs_coordinator_destroy(coord), KvsStatus::Ok);
+    keys
+}
+
+/// One layer, one kv head of width 4 (two query heads), 2-token blocks,
+/// f32: the smallest layout attention runs on.
+pub fn tiny_layout() -> kvslice_capi::KvsLayout {
+    use kvslice_capi::*;
+    let spec = KvsLayoutSpec {
+        num_layers: 1,
+        num_q_heads: 2,
+        num_kv_heads: 1,
+        head_dim: 4,
+        block_tokens: 2,
+        dtype: KVS_DTYPE_F32,
+        ..Default::default()
+    };
+    let mut layout = KvsLayout { id: 0 };
+    // SAFETY: live locals.
+    assert_eq!(unsafe { kvs_layout_new(&spec, &mut layout) }, KvsStatus::Ok);
+    layout
+}
