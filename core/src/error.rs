@@ -99,6 +99,15 @@ pub enum Error {
         /// The element's index in that token's row (heads × head_dim).
         element: u64,
     },
+    /// An attention window reads a block whose page was released (its
+    /// block-table entry is [`PageId::PLACEHOLDER`](crate::PageId::PLACEHOLDER)):
+    /// the window is wider than the one the pages were released under.
+    ReleasedBlockRead {
+        /// The released block the window reads.
+        block: u64,
+        /// The first block the window reads.
+        first: u64,
+    },
     /// A sequence's context is longer than its block table covers.
     ContextPastTable {
         /// Tokens of context asked for.
@@ -164,6 +173,11 @@ impl fmt::Display for Error {
                 f,
                 "{what} of token {token}, element {element}, is too large: it does not fit the \
                  page's storage dtype, or could make attention scores overflow"
+            ),
+            Error::ReleasedBlockRead { block, first } => write!(
+                f,
+                "the attention window reads blocks from {first} on, but block {block}'s page \
+                 was released: attend with the window the pages were released under"
             ),
             Error::ContextPastTable {
                 kv_len,

@@ -100,14 +100,10 @@ fn windows_refuse_zero_and_placeholders_they_need() {
         q_len: 1,
     }];
     let wide = AttentionBatch::for_layer(1, &seqs, &q, 1.0).window(3);
-    assert!(matches!(
+    assert_eq!(
         ReferenceEngine.attend(&pages, &wide, &mut out),
-        Err(Error::OutOfRange {
-            index: 0,
-            bound: 0,
-            ..
-        })
-    ));
+        Err(Error::ReleasedBlockRead { block: 0, first: 0 })
+    );
     // A window of 2 reads keys 4..=5, block 1 only.
     let narrow = AttentionBatch::for_layer(1, &seqs, &q, 1.0).window(2);
     ReferenceEngine.attend(&pages, &narrow, &mut out).unwrap();

@@ -162,7 +162,7 @@ fn a_slid_window_releases_what_no_later_token_reads() {
     // A wider window would read a released page: refused, `out` untouched.
     let (s, out) = attend(&f, req, 6, 3);
     assert_eq!(s, KvsStatus::InvalidArgument);
-    assert!(last_error().contains("placeholder"), "{}", last_error());
+    assert!(last_error().contains("was released"), "{}", last_error());
     assert_eq!(out, [-7.0; 8]);
     let (s, _) = attend(&f, req, 6, 0);
     assert_eq!(s, KvsStatus::InvalidArgument, "no window reads every page");

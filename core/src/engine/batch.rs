@@ -247,10 +247,9 @@ impl<'a> AttentionBatch<'a> {
             let first = s.first_block(self.window, layout.block_tokens());
             for (b, p) in s.block_table[..blocks].iter().enumerate().skip(first) {
                 if *p == PageId::PLACEHOLDER {
-                    return Err(Error::OutOfRange {
-                        what: "block of a placeholder page (a query's window reads it)",
-                        index: b as u64,
-                        bound: first as u64,
+                    return Err(Error::ReleasedBlockRead {
+                        block: b as u64,
+                        first: first as u64,
                     });
                 }
                 check_index("page", p.0 as usize, memory.num_pages() as usize)?;
