@@ -108,6 +108,12 @@ pub enum Error {
         /// The first block the window reads.
         first: u64,
     },
+    /// A write reaches a block whose page was released (its block-table
+    /// entry is [`PageId::PLACEHOLDER`](crate::PageId::PLACEHOLDER)).
+    ReleasedBlockWrite {
+        /// The released block.
+        block: u64,
+    },
     /// A sequence's context is longer than its block table covers.
     ContextPastTable {
         /// Tokens of context asked for.
@@ -178,6 +184,11 @@ impl fmt::Display for Error {
                 f,
                 "the attention window reads blocks from {first} on, but block {block}'s page \
                  was released: attend with the window the pages were released under"
+            ),
+            Error::ReleasedBlockWrite { block } => write!(
+                f,
+                "the write reaches block {block}, whose page was released: \
+                 write only into blocks the sequence still holds"
             ),
             Error::ContextPastTable {
                 kv_len,

@@ -100,7 +100,7 @@ pub use pool::{
     AllocMany, Evicting, FillToken, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef,
     PageView, RefToken,
 };
-pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable};
+pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable, first_kept_block};
 pub use store::{CacheStore, Priority, RequestTicket, SpillSink, StoreStats, WindowHit};
 
 /// The README's example runs as a doctest.

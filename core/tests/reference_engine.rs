@@ -108,6 +108,25 @@ fn windows_refuse_zero_and_placeholders_they_need() {
     let narrow = AttentionBatch::for_layer(1, &seqs, &q, 1.0).window(2);
     ReferenceEngine.attend(&pages, &narrow, &mut out).unwrap();
     assert!(out.iter().all(|x| x.is_finite()));
+    // Writing token 3 reaches released block 0: refused, nothing written;
+    // token 6 lands in block 1.
+    let mut pages = pages;
+    let before = pages.bytes().to_vec();
+    let row = [0.25f32; 2 * 4];
+    let write = |start| KvWrite {
+        layer: 1,
+        shard: 0,
+        block_table: &released,
+        start,
+        k: &row,
+        v: &row,
+    };
+    assert_eq!(
+        ReferenceEngine.write_kv(&mut pages, &write(3)),
+        Err(Error::ReleasedBlockWrite { block: 0 })
+    );
+    assert_eq!(pages.bytes(), &before[..]);
+    ReferenceEngine.write_kv(&mut pages, &write(6)).unwrap();
 }
 
 #[test]

@@ -79,15 +79,6 @@ pub unsafe extern "C" fn kvs_write_kv(
         let layout = store.store.layout();
         let group = layout.layer_group(w.layer)?.0;
         let lane = r.lane_index(group, w.shard)?;
-        // Released blocks are a prefix of the lane: a write into one
-        // starts in one.
-        let block = w.start / layout.block_tokens() as usize;
-        if r.released(lane, block) {
-            return Err(Failure::invalid(format!(
-                "token {} is in block {block}, which kvs_request_slide_window released",
-                w.start
-            )));
-        }
         let table = r.table(lane)?;
         let pool = store.store.pool();
         let mut lanes = [&mut r.lanes[lane]];

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use kvslice_core::{
     FillToken, PageId, PageMut, PagePool, PageRef, PageView, RefToken, RequestTicket, SliceKey,
+    first_kept_block,
 };
 
 use crate::handles::{self, Entry, Object};
@@ -101,11 +102,6 @@ impl RequestObj {
             }
         }
         n
-    }
-
-    /// Whether position `block` of `lane` was released by a window.
-    pub(crate) fn released(&self, lane: usize, block: usize) -> bool {
-        matches!(self.lanes[lane].get(block), Some(Slot::Released))
     }
 
     /// Releases every page and ends the ticket.
@@ -495,14 +491,10 @@ pub unsafe extern "C" fn kvs_request_slide_window(
 ) -> KvsStatus {
     call(|| {
         args::check_out(released, "released")?;
-        if window == 0 {
-            return Err(Failure::invalid("window must be at least one token"));
-        }
         let n = with(request, |r| {
             live(&r.ticket)?;
-            let bt = r.store.store.layout().block_tokens() as usize;
-            let first = kv_len.saturating_add(1).saturating_sub(window as usize);
-            Ok(r.release_before(first / bt))
+            let bt = r.store.store.layout().block_tokens();
+            Ok(r.release_before(first_kept_block(kv_len, window, bt)?))
         })?;
         // SAFETY: checked above; the caller's promise on `released`.
         unsafe { args::write_out(released, n, "released") }

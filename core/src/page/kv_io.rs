@@ -192,6 +192,9 @@ impl KvWrite<'_> {
             .skip(touched.start)
             .take(touched.len())
         {
+            if page == PageId::PLACEHOLDER {
+                return Err(Error::ReleasedBlockWrite { block: i as u64 });
+            }
             check_index("page", page.0 as usize, memory.num_pages() as usize)?;
             // A page written here must hold no other position of the
             // table: the write would overwrite that block's K/V.

@@ -100,13 +100,8 @@ pub trait SequenceTable {
         window: u32,
         release: impl FnMut(PageId),
     ) -> Result<usize> {
-        if window == 0 {
-            return Err(crate::Error::InvalidValue(
-                "attention window must be at least one token",
-            ));
-        }
-        let first = (self.len(seq)? + 1).saturating_sub(window as usize);
-        self.release_before(seq, first / self.block_tokens() as usize, release)
+        let first = first_kept_block(self.len(seq)?, window, self.block_tokens())?;
+        self.release_before(seq, first, release)
     }
 
     /// Pages `seq` holds: its block table less the placeholders.
@@ -128,6 +123,32 @@ pub trait SequenceTable {
         let want = self.len(seq)?.saturating_add(n).div_ceil(bt);
         Ok(want.saturating_sub(have))
     }
+}
+
+/// The first block a sequence of `len` tokens keeps under a sliding window
+/// of `window` tokens: the next token, at position `len`, sees
+/// `len + 1 - window..=len`, so the blocks before the one holding the
+/// first of those are read by no later token. A window of zero is an
+/// error. What [`SequenceTable::slide_window`] releases before, for block
+/// tables kept elsewhere (the C ABI's requests).
+///
+/// ```
+/// use kvslice_core::first_kept_block;
+///
+/// // Token 10 under a window of 4 sees 7..=10: blocks of 4 from block 1.
+/// assert_eq!(first_kept_block(10, 4, 4)?, 1);
+/// assert_eq!(first_kept_block(10, 100, 4)?, 0);
+/// assert!(first_kept_block(10, 0, 4).is_err());
+/// # Ok::<(), kvslice_core::Error>(())
+/// ```
+pub fn first_kept_block(len: usize, window: u32, block_tokens: u32) -> Result<usize> {
+    if window == 0 {
+        return Err(crate::Error::InvalidValue(
+            "attention window must be at least one token",
+        ));
+    }
+    let first = len.saturating_add(1).saturating_sub(window as usize);
+    Ok(first / block_tokens.max(1) as usize)
 }
 
 /// [`SequenceTable::release_before`] over one block table.
