@@ -117,23 +117,26 @@ pub unsafe extern "C" fn kvs_store_new_with_events(
     medium: u32,
     out: *mut KvsStore,
 ) -> KvsStatus {
-    let ring = || {
-        if !(1..=KVS_EVENT_RING_MAX).contains(&ring_slots) {
-            return Err(Failure::invalid(format!(
-                "ring_slots is {ring_slots}, not 1 to {KVS_EVENT_RING_MAX}"
-            )));
-        }
-        let medium = match medium {
-            KVS_MEDIUM_GPU => Medium::Gpu,
-            KVS_MEDIUM_CPU => Medium::Cpu,
-            KVS_MEDIUM_DISK => Medium::Disk,
-            KVS_MEDIUM_REMOTE => Medium::Remote,
-            _ => return Err(Failure::invalid(format!("unknown medium {medium}"))),
-        };
-        Ok(Some(EventRing::new(ring_slots as usize, medium)))
-    };
+    let ring = ring(ring_slots, medium).map(Some);
     // SAFETY: the caller's promises, passed on.
     unsafe { store::new_store(layout, capacity, policy, memory, ring, out) }
+}
+
+/// A ring of `slots` events for pages on `medium` (`KVS_MEDIUM_*`).
+fn ring(slots: u32, medium: u32) -> Outcome<EventRing> {
+    if !(1..=KVS_EVENT_RING_MAX).contains(&slots) {
+        return Err(Failure::invalid(format!(
+            "ring_slots is {slots}, not 1 to {KVS_EVENT_RING_MAX}"
+        )));
+    }
+    let medium = match medium {
+        KVS_MEDIUM_GPU => Medium::Gpu,
+        KVS_MEDIUM_CPU => Medium::Cpu,
+        KVS_MEDIUM_DISK => Medium::Disk,
+        KVS_MEDIUM_REMOTE => Medium::Remote,
+        _ => return Err(Failure::invalid(format!("unknown medium {medium}"))),
+    };
+    Ok(EventRing::new(slots as usize, medium))
 }
 
 fn ring_of(s: &StoreObj) -> Outcome<&EventRing> {

@@ -49,11 +49,11 @@ pub unsafe extern "C" fn kvs_store_new(
     out: *mut KvsStore,
 ) -> KvsStatus {
     // SAFETY: the caller's promises, passed on.
-    unsafe { new_store(layout, capacity, policy, memory, || Ok(None), out) }
+    unsafe { new_store(layout, capacity, policy, memory, Ok(None), out) }
 }
 
-/// [`kvs_store_new`], with the ring `events` makes (if any) attached to
-/// the store; its failure fails the call before anything is made.
+/// [`kvs_store_new`], with the ring of `events` (if any) attached to the
+/// store; a failed `events` fails the call before anything is made.
 ///
 /// # Safety
 ///
@@ -63,16 +63,12 @@ pub(crate) unsafe fn new_store(
     capacity: u32,
     policy: *const c_char,
     memory: KvsMemory,
-    events: impl FnOnce() -> Outcome<Option<EventRing>>,
+    events: Outcome<Option<EventRing>>,
     out: *mut KvsStore,
 ) -> KvsStatus {
     call(|| {
         args::check_out(out, "out")?;
-        let mut events = events()?;
-        let mut attach = |store: CacheStore<'static, Box<dyn EvictionPolicy>>| match events.take() {
-            Some(ring) => store.with_events(ring),
-            None => store,
-        };
+        let events = events?;
         let layout = crate::layout::get(layout)?;
         let name = if policy.is_null() {
             "default"
@@ -90,11 +86,8 @@ pub(crate) unsafe fn new_store(
                 ))
             })
         };
-        let obj = if memory.id == 0 {
-            StoreObj {
-                store: attach(CacheStore::new(layout, capacity, policy(capacity)?)?),
-                _claim: None,
-            }
+        let (store, claim) = if memory.id == 0 {
+            (CacheStore::new(layout, capacity, policy(capacity)?)?, None)
         } else {
             let mem = handles::get(memory.id, "page memory", |o| match o {
                 Object::Memory(m) => Some(Arc::clone(m)),
@@ -122,16 +115,17 @@ pub(crate) unsafe fn new_store(
                 ));
             }
             let policy = policy(pool.capacity())?;
-            StoreObj {
-                // The default collector, as `CacheStore::new`'s: guards
-                // come from `CacheStore::pin` on every thread.
-                store: attach(CacheStore::from_parts(
-                    pool,
-                    policy,
-                    default_collector().clone(),
-                )?),
-                _claim: Some(claim),
-            }
+            // The default collector, as `CacheStore::new`'s: guards come
+            // from `CacheStore::pin` on every thread.
+            let store = CacheStore::from_parts(pool, policy, default_collector().clone())?;
+            (store, Some(claim))
+        };
+        let obj = StoreObj {
+            store: match events {
+                Some(ring) => store.with_events(ring),
+                None => store,
+            },
+            _claim: claim,
         };
         let id = handles::insert(Object::Store(Arc::new(obj)))?;
         // SAFETY: checked above; the caller's promise on `out`.
