@@ -548,64 +548,6 @@ fn a_request_used_by_two_threads_at_once_is_busy_not_racy() {
     assert_eq!(snapshot(&f).1.len(), 3);
 }
 
-/// `window` reaches the engine: a query at position 4 with a window of 2
-/// sees tokens 3 and 4 only (equal scores: the mean of their values).
-#[test]
-fn a_window_limits_what_attend_reads() {
-    let f = fixture();
-    let mut req = KvsRequest { id: 0 };
-    let v: Vec<f32> = (0..5).flat_map(|t| [t as f32; 4]).collect();
-    let k = [0.0f32; 20];
-    let q = [0.0f32; 8];
-    let mut out = [0f32; 8];
-    // SAFETY: live locals of the stated lengths.
-    unsafe {
-        assert_eq!(kvs_request_begin(f.store, &mut req), KvsStatus::Ok);
-        let mut first = 0;
-        assert_eq!(kvs_allocate(req, 0, 0, 3, &mut first), KvsStatus::Ok);
-        let w = KvsWrite {
-            layer: 0,
-            shard: 0,
-            start: 0,
-            k: k.as_ptr(),
-            k_len: 20,
-            v: v.as_ptr(),
-            v_len: 20,
-        };
-        assert_eq!(kvs_write_kv(f.engine, req, &w), KvsStatus::Ok);
-        let seq = KvsSeq {
-            request: req,
-            kv_len: 5,
-            q_len: 1,
-        };
-        for (window, want) in [(0, 2.0f32), (2, 3.5), (1, 4.0), (100, 2.0)] {
-            let attend = KvsAttend {
-                layer: 0,
-                shard: 0,
-                scale: 0.5,
-                seqs: &seq,
-                n_seqs: 1,
-                q: q.as_ptr(),
-                q_len: 8,
-                out: out.as_mut_ptr(),
-                out_len: 8,
-                window,
-            };
-            assert_eq!(
-                kvs_attend(f.engine, &attend),
-                KvsStatus::Ok,
-                "{}",
-                last_error()
-            );
-            assert!(
-                out.iter().all(|x| (x - want).abs() < 1e-3),
-                "window {window}: {out:?}"
-            );
-        }
-        assert_eq!(kvs_request_end(req), KvsStatus::Ok);
-    }
-}
-
 /// The 8-bit dtypes are layouts like any other: their pages hold the codes
 /// and a 4-byte scale per row, as core's layout says.
 #[test]

@@ -1,4 +1,5 @@
-//! `kvs_request_slide_window`: a request gives up the pages no later token
+//! Sliding windows through the C ABI: `kvs_attend`'s window limits what it
+//! reads, and `kvs_request_slide_window` gives up the pages no later token
 //! attends to, attention under the same window still reads what it needs,
 //! and a released page cannot be read or written through the request.
 
@@ -115,6 +116,24 @@ fn slide(req: KvsRequest, window: u32, kv_len: usize) -> (KvsStatus, usize) {
     // SAFETY: a live local.
     let s = unsafe { kvs_request_slide_window(req, window, kv_len, &mut released) };
     (s, released)
+}
+
+/// `window` reaches the engine: a query at position 4 with a window of 2
+/// sees tokens 3 and 4 only (equal scores: the mean of their values).
+#[test]
+fn a_window_limits_what_attend_reads() {
+    let f = fixture();
+    let req = begin_with_pages(&f, 3);
+    assert_eq!(write(&f, req, 0, 5), KvsStatus::Ok);
+    for (window, want) in [(0, 2.0f32), (2, 3.5), (1, 4.0), (100, 2.0)] {
+        let (s, out) = attend(&f, req, 5, window);
+        assert_eq!(s, KvsStatus::Ok, "{}", last_error());
+        assert!(
+            out.iter().all(|x| (x - want).abs() < 1e-3),
+            "window {window}: {out:?}"
+        );
+    }
+    assert_eq!(kvs_request_end(req), KvsStatus::Ok);
 }
 
 #[test]
