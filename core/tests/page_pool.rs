@@ -136,6 +136,10 @@ fn metadata_fits_in_16_bytes_per_page() {
     ));
 }
 
+/// Steps per thread; Miri interprets every one, and explores its
+/// interleavings in far fewer.
+const CHURN_STEPS: u32 = if cfg!(miri) { 2_000 } else { 20_000 };
+
 #[test]
 fn two_threads_churn_without_losing_pages() {
     let pool = PagePool::new(layout(), 8).unwrap();
@@ -145,7 +149,7 @@ fn two_threads_churn_without_losing_pages() {
             s.spawn(move || {
                 let mut rng = Rng::new(t);
                 let mut mine = Vec::new();
-                for i in 0..20_000u32 {
+                for i in 0..CHURN_STEPS {
                     match rng.below(4) {
                         0 | 1 => {
                             if let Ok(mut w) = pool.alloc() {
