@@ -69,7 +69,7 @@ pub(super) fn kernels() -> Option<Kernels> {
 /// rounds, prefill 117 and 147 against 150 and 156 GFLOP/s in two runs
 /// (docs/notes/cpu-decode.md, "Zen 4"), as its horizontal sums of 512-bit
 /// accumulators cost more than the wider operations save. Since this
-/// set pairs its prefetches as AVX2's does (2026-12-03), decode runs
+/// set pairs its prefetches as AVX2's does, decode runs
 /// about level with AVX2's there and prefill no faster (121 against 135
 /// GFLOP/s in one run, level in two others). Its four-row weighted sum
 /// alone is faster there than AVX2's, so [`super::Kernels::supported`]
