@@ -123,7 +123,9 @@ if [ "$phase" != build ]; then
 [ -f "$work/bochsrc" ] || { echo "no emulator build in $work: run '$0 build' first" >&2; exit 1; }
 echo "booting the emulated Skylake-X (AVX-512) and running the tests"
 start=$SECONDS
-timeout "${KVSLICE_EMU_TIMEOUT:-1800}" bochs -q -f "$work/bochsrc" -rc "$work/debugger.rc" \
+# --foreground keeps bochs in this process group, so that stopping the
+# group (as CI does when it runs this in the background) stops it too.
+timeout --foreground "${KVSLICE_EMU_TIMEOUT:-1800}" bochs -q -f "$work/bochsrc" -rc "$work/debugger.rc" \
   < /dev/null > "$work/bochs.out" 2>&1 || true
 echo "emulator ran $((SECONDS - start)) s"
 # The guest's console writes CRLF line ends.
