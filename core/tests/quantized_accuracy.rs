@@ -22,6 +22,13 @@ fn normal(rng: &mut Rng) -> f64 {
 
 /// Attention of each query over `k`, `v` (`KEYS × D`), in f64.
 fn attend(q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
+    attend_weights_rounded(q, k, v, false)
+}
+
+/// [`attend`], with each query's softmax weights optionally rounded to 8
+/// bits (255 levels up to the largest), as integer weighted sums would
+/// take them.
+fn attend_weights_rounded(q: &[f32], k: &[f32], v: &[f32], round_weights: bool) -> Vec<f64> {
     let scale = 1.0 / (D as f64).sqrt();
     let mut out = Vec::new();
     for q in q.chunks_exact(D) {
@@ -36,8 +43,12 @@ fn attend(q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
             })
             .collect();
         let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let mut w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let total: f64 = w.iter().sum();
+        if round_weights {
+            // The largest weight is exp(0) = 1.
+            w.iter_mut().for_each(|w| *w = (*w * 255.0).round() / 255.0);
+        }
         for d in 0..D {
             out.push(
                 w.iter()
@@ -109,6 +120,31 @@ fn eight_bit_kv_error_against_the_f64_oracle() {
                 dtype.name()
             );
             errs.insert((dist, dtype.name(), group), e);
+        }
+        // What integer dot products over int8 codes would add: queries
+        // rounded to int8 with a scale per row (llama.cpp's q8_0
+        // activations), then the softmax weights rounded to 8 bits too.
+        let (k8, v8, q8) = (
+            rounded(KvDtype::I8, k, D),
+            rounded(KvDtype::I8, &v, D),
+            rounded(KvDtype::I8, &q, D),
+        );
+        for (per, weights) in [
+            ("row, int8 queries", false),
+            ("row, int8 queries and 8-bit weights", true),
+        ] {
+            let got = attend_weights_rounded(&q8, &k8, &v8, weights);
+            let e = rel_l2(&got, &want);
+            let max = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            println!("| {dist} | int8 | {per} | {e:.2e} | {max:.2e} |");
+            assert!(
+                e < 3.0 * errs[&(dist, KvDtype::I8.name(), D)],
+                "{dist}, {per}: {e}"
+            );
         }
     }
     // Bounds with a margin over the measured figures. Gaussian rows stay
