@@ -1,0 +1,212 @@
+//! Decode scores over int8 keys two ways, cache-resident: the CPU engine's
+//! arithmetic (codes widened to f32, one FMA per code and query row) and
+//! one `vpdpbusd` per 64 codes and row, with the queries rounded to int8.
+//!
+//! Keys are stored as the engine's dim-major groups: per 16 keys, 128 rows
+//! of 16 codes. Four query rows (a GQA group of decode). The byte kernel
+//! shifts each query code by 128 (`vpdpbusd` multiplies unsigned by
+//! signed bytes), turns four dim rows of 16 keys into 16 keys of four dims
+//! with one `vpermb`, and takes each key's code sum with one more
+//! `vpdpbusd` against ones to undo the shift. Its scores must equal the
+//! f64 dot products of the rounded queries and the codes exactly (integer
+//! sums); the f32 kernel's must be within f32 rounding of the unrounded
+//! queries'. Kernels alternate round by round; medians are printed.
+//!
+//! Not part of the workspace (x86-64 with AVX-512 F, BW, VNNI and VBMI:
+//! Ice Lake, Sapphire Rapids, Zen 4; elsewhere it says what is missing).
+//! Build and run:
+//!
+//! ```sh
+//! rustc -O --edition 2024 docs/experiments/int8_dot_ports.rs -o /tmp/int8_dot_ports
+//! /tmp/int8_dot_ports              # 8,192 keys (1 MiB of codes), 64 rounds
+//! KEYS=2048 /tmp/int8_dot_ports    # fewer keys: L1/L2-resident
+//! ```
+
+use std::time::Instant;
+
+const D: usize = 128;
+const ROWS: usize = 4;
+const GROUP: usize = 16;
+
+/// A small deterministic generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kernels {
+    use super::{D, GROUP, ROWS};
+    use std::arch::x86_64::*;
+
+    /// Scores of `ROWS` query rows against every key: codes widened to f32.
+    ///
+    /// # Safety
+    /// AVX-512 F is present; `codes` holds whole groups of `GROUP * D`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores_f32(q: &[[f32; D]; ROWS], codes: &[i8], out: &mut [[f32; GROUP]]) {
+        for (g, o) in codes.chunks_exact(GROUP * D).zip(out.chunks_exact_mut(ROWS)) {
+            let mut acc = [_mm512_setzero_ps(); ROWS];
+            for d in 0..D {
+                // SAFETY: 16 bytes at d * 16 lie inside the group.
+                let raw = unsafe { _mm_loadu_si128(g.as_ptr().add(d * GROUP).cast()) };
+                let k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+                for r in 0..ROWS {
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, acc[r]);
+                }
+            }
+            for r in 0..ROWS {
+                // SAFETY: `o[r]` is 16 f32.
+                unsafe { _mm512_storeu_ps(o[r].as_mut_ptr(), acc[r]) };
+            }
+        }
+    }
+
+    /// The same with `q8` (queries rounded to int8, shifted by 128 and
+    /// packed four dims to a word) on `vpdpbusd`; `scale[r]` undoes each
+    /// row's rounding.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW, VNNI and VBMI are present; `codes` as above.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+    pub unsafe fn scores_vnni(
+        q8: &[[u32; D / 4]; ROWS],
+        scale: &[f32; ROWS],
+        codes: &[i8],
+        out: &mut [[f32; GROUP]],
+    ) {
+        // Byte 4t + i of the result is byte 16i + t of the source: dim i
+        // of key t.
+        let idx: [u8; 64] = core::array::from_fn(|b| ((b % 4) * 16 + b / 4) as u8);
+        // SAFETY: 64 bytes.
+        let idx = unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) };
+        let ones = _mm512_set1_epi8(1);
+        let shift = _mm512_set1_epi32(128);
+        for (g, o) in codes.chunks_exact(GROUP * D).zip(out.chunks_exact_mut(ROWS)) {
+            let mut acc = [_mm512_setzero_si512(); ROWS];
+            let mut sums = _mm512_setzero_si512();
+            for j in 0..D / 4 {
+                // SAFETY: four rows of 16 codes at j * 64 lie inside the group.
+                let rows = unsafe { _mm512_loadu_si512(g.as_ptr().add(j * 64).cast()) };
+                let k = _mm512_permutexvar_epi8(idx, rows);
+                sums = _mm512_dpbusd_epi32(sums, ones, k);
+                for r in 0..ROWS {
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(q8[r][j] as i32), k);
+                }
+            }
+            let shifted = _mm512_mullo_epi32(sums, shift);
+            for r in 0..ROWS {
+                let exact = _mm512_sub_epi32(acc[r], shifted);
+                let s = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(scale[r]));
+                // SAFETY: `o[r]` is 16 f32.
+                unsafe { _mm512_storeu_ps(o[r].as_mut_ptr(), s) };
+            }
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    let missing: Vec<&str> = [
+        ("avx512f", is_x86_feature_detected!("avx512f")),
+        ("avx512bw", is_x86_feature_detected!("avx512bw")),
+        ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
+        ("avx512vbmi", is_x86_feature_detected!("avx512vbmi")),
+    ]
+    .iter()
+    .filter(|(_, ok)| !ok)
+    .map(|(name, _)| *name)
+    .collect();
+    if !missing.is_empty() {
+        println!("this CPU lacks {}: nothing to measure", missing.join(", "));
+        return;
+    }
+    let keys: usize = std::env::var("KEYS").ok().and_then(|s| s.parse().ok()).unwrap_or(8192);
+    let keys = keys.div_ceil(GROUP).max(1) * GROUP;
+    let mut rng = Rng(7);
+    let codes: Vec<i8> = (0..keys * D).map(|_| ((rng.next() % 255) as i32 - 127) as i8).collect();
+    let q: [[f32; D]; ROWS] = core::array::from_fn(|_| core::array::from_fn(|_| rng.unit()));
+    // Each row rounded to int8 against its largest element.
+    let scale: [f32; ROWS] =
+        core::array::from_fn(|r| q[r].iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0);
+    let rounded: [[i8; D]; ROWS] =
+        core::array::from_fn(|r| core::array::from_fn(|d| (q[r][d] / scale[r]).round() as i8));
+    let q8: [[u32; D / 4]; ROWS] = core::array::from_fn(|r| {
+        core::array::from_fn(|j| {
+            u32::from_le_bytes(core::array::from_fn(|i| (rounded[r][4 * j + i] as i32 + 128) as u8))
+        })
+    });
+    let groups = keys / GROUP;
+    let mut out_f32 = vec![[0f32; GROUP]; groups * ROWS];
+    let mut out_vnni = vec![[0f32; GROUP]; groups * ROWS];
+
+    // Check both against f64 before timing.
+    // SAFETY: the features were detected above; `codes` is whole groups.
+    unsafe {
+        kernels::scores_f32(&q, &codes, &mut out_f32);
+        kernels::scores_vnni(&q8, &scale, &codes, &mut out_vnni);
+    }
+    let (mut worst_f32, mut worst_vnni) = (0f64, 0f64);
+    for g in 0..groups {
+        for r in 0..ROWS {
+            for t in 0..GROUP {
+                let code = |d: usize| f64::from(codes[g * GROUP * D + d * GROUP + t]);
+                let exact: f64 = (0..D).map(|d| f64::from(q[r][d]) * code(d)).sum();
+                let exact8: f64 = (0..D).map(|d| f64::from(rounded[r][d]) * code(d)).sum();
+                worst_f32 = worst_f32.max((f64::from(out_f32[g * ROWS + r][t]) - exact).abs());
+                let want8 = f64::from(scale[r]) * exact8;
+                worst_vnni = worst_vnni.max((f64::from(out_vnni[g * ROWS + r][t]) - want8).abs());
+            }
+        }
+    }
+    println!("largest error: f32 {worst_f32:.2e} (vs unrounded queries), bytes {worst_vnni:.2e} (vs int8 queries)");
+    assert!(worst_f32 < 1e-2 && worst_vnni < 1e-2, "a kernel is wrong");
+
+    let reps = (8192 * 64 / keys).max(1);
+    let (mut t_f32, mut t_vnni) = (Vec::new(), Vec::new());
+    for _ in 0..64 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: as above.
+            unsafe { kernels::scores_f32(&q, &codes, &mut out_f32) };
+        }
+        t_f32.push(t.elapsed().as_secs_f64() / reps as f64);
+        let t = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: as above.
+            unsafe { kernels::scores_vnni(&q8, &scale, &codes, &mut out_vnni) };
+        }
+        t_vnni.push(t.elapsed().as_secs_f64() / reps as f64);
+        std::hint::black_box((&out_f32, &out_vnni));
+    }
+    let (a, b) = (median(t_f32), median(t_vnni));
+    let per_key = |s: f64| s * 1e9 / keys as f64;
+    println!(
+        "{keys} keys, 4 rows, d = {D}: f32 FMAs {:.2} ns/key, vpdpbusd {:.2} ns/key ({:.2}x)",
+        per_key(a),
+        per_key(b),
+        a / b
+    );
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {
+    println!("x86-64 only");
+}
