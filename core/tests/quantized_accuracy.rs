@@ -70,11 +70,16 @@ fn rounded(dtype: KvDtype, x: &[f32], group: usize) -> Vec<f32> {
     y
 }
 
-/// Relative error in the 2-norm.
-fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
+/// Relative error in the 2-norm, and the largest absolute error.
+fn errors(got: &[f64], want: &[f64]) -> (f64, f64) {
     let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b).powi(2)).sum();
     let den: f64 = want.iter().map(|b| b * b).sum();
-    (num / den).sqrt()
+    let max = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    ((num / den).sqrt(), max)
 }
 
 #[test]
@@ -109,12 +114,7 @@ fn eight_bit_kv_error_against_the_f64_oracle() {
         ];
         for (dtype, group, per) in cases {
             let got = attend(&q, &rounded(dtype, k, group), &rounded(dtype, &v, group));
-            let e = rel_l2(&got, &want);
-            let max = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
+            let (e, max) = errors(&got, &want);
             println!(
                 "| {dist} | {} | {per} | {e:.2e} | {max:.2e} |",
                 dtype.name()
@@ -134,12 +134,7 @@ fn eight_bit_kv_error_against_the_f64_oracle() {
             ("row, int8 queries and 8-bit weights", true),
         ] {
             let got = attend_weights_rounded(&q8, &k8, &v8, weights);
-            let e = rel_l2(&got, &want);
-            let max = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
+            let (e, max) = errors(&got, &want);
             println!("| {dist} | int8 | {per} | {e:.2e} | {max:.2e} |");
             assert!(
                 e < 3.0 * errs[&(dist, KvDtype::I8.name(), D)],
