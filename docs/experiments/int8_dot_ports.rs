@@ -11,7 +11,9 @@
 //!
 //! Weighted sum: values as rows of 128 codes, each row's weights (times
 //! the key's value scale) rounded to 16 bits, two `vpdpbusd` per row (high
-//! and low bytes) over four value rows interleaved byte by byte.
+//! and low bytes) over four value rows interleaved byte by byte; four
+//! passes (two rows, half the dims: 16 sums in registers) over each chunk
+//! of 256 keys, which stays in L1.
 //!
 //! Each kernel is checked against f64 first: the byte kernels exactly
 //! against the rounded queries and weights, the f32 ones against the
@@ -32,6 +34,8 @@ use std::time::Instant;
 const D: usize = 128;
 const ROWS: usize = 4;
 const GROUP: usize = 16;
+/// Keys the byte weighted sum takes from memory at a time (32 KiB of values).
+const CHUNK_KEYS: usize = 256;
 
 /// A small deterministic generator (SplitMix64).
 struct Rng(u64);
@@ -53,7 +57,7 @@ impl Rng {
 
 #[cfg(target_arch = "x86_64")]
 mod kernels {
-    use super::{D, GROUP, ROWS};
+    use super::{CHUNK_KEYS, D, GROUP, ROWS};
     use std::arch::x86_64::*;
 
     /// Scores of `ROWS` query rows against every key: codes widened to f32.
@@ -174,32 +178,48 @@ mod kernels {
         codes: &[i8],
         out: &mut [[f32; D]; ROWS],
     ) {
-        for pair in 0..ROWS / 2 {
-            for h in 0..2 {
-                let mut acc = [[[_mm512_setzero_si512(); 4]; 2]; 2];
-                for (g, rows) in codes.chunks_exact(4 * D).enumerate() {
-                    // SAFETY: each of the four rows has 64 codes at h * 64.
-                    let [a, b, c, d] = core::array::from_fn(|k| unsafe {
-                        _mm512_loadu_si512(rows.as_ptr().add(k * D + h * 64).cast())
-                    });
-                    let (ab_lo, ab_hi) = (_mm512_unpacklo_epi8(a, b), _mm512_unpackhi_epi8(a, b));
-                    let (cd_lo, cd_hi) = (_mm512_unpacklo_epi8(c, d), _mm512_unpackhi_epi8(c, d));
-                    let x = [
-                        _mm512_unpacklo_epi16(ab_lo, cd_lo),
-                        _mm512_unpackhi_epi16(ab_lo, cd_lo),
-                        _mm512_unpacklo_epi16(ab_hi, cd_hi),
-                        _mm512_unpackhi_epi16(ab_hi, cd_hi),
-                    ];
-                    for i in 0..2 {
-                        let r = 2 * pair + i;
-                        let bh = _mm512_set1_epi32(hi[r][g] as i32);
-                        let bl = _mm512_set1_epi32(lo[r][g] as i32);
-                        for c in 0..4 {
-                            acc[i][0][c] = _mm512_dpbusd_epi32(acc[i][0][c], bh, x[c]);
-                            acc[i][1][c] = _mm512_dpbusd_epi32(acc[i][1][c], bl, x[c]);
+        // Sums per (row pair, half of the dims): 16 registers each, too
+        // many for all four at once. A chunk of keys small enough for L1 is
+        // read from memory once and three more times from L1; between
+        // chunks the sums wait in memory.
+        let mut parts = [[[[[_mm512_setzero_si512(); 4]; 2]; 2]; 2]; ROWS / 2];
+        for (chunk_at, chunk) in codes.chunks(CHUNK_KEYS * D).enumerate() {
+            for (pair, halves) in parts.iter_mut().enumerate() {
+                for (h, part) in halves.iter_mut().enumerate() {
+                    // In registers for the chunk.
+                    let mut acc = *part;
+                    for (n, rows) in chunk.chunks_exact(4 * D).enumerate() {
+                        let g = chunk_at * CHUNK_KEYS / 4 + n;
+                        // SAFETY: each of the four rows has 64 codes at h * 64.
+                        let [a, b, c, d] = core::array::from_fn(|k| unsafe {
+                            _mm512_loadu_si512(rows.as_ptr().add(k * D + h * 64).cast())
+                        });
+                        let (ab_lo, ab_hi) =
+                            (_mm512_unpacklo_epi8(a, b), _mm512_unpackhi_epi8(a, b));
+                        let (cd_lo, cd_hi) =
+                            (_mm512_unpacklo_epi8(c, d), _mm512_unpackhi_epi8(c, d));
+                        let x = [
+                            _mm512_unpacklo_epi16(ab_lo, cd_lo),
+                            _mm512_unpackhi_epi16(ab_lo, cd_lo),
+                            _mm512_unpacklo_epi16(ab_hi, cd_hi),
+                            _mm512_unpackhi_epi16(ab_hi, cd_hi),
+                        ];
+                        for i in 0..2 {
+                            let r = 2 * pair + i;
+                            let bh = _mm512_set1_epi32(hi[r][g] as i32);
+                            let bl = _mm512_set1_epi32(lo[r][g] as i32);
+                            for c in 0..4 {
+                                acc[i][0][c] = _mm512_dpbusd_epi32(acc[i][0][c], bh, x[c]);
+                                acc[i][1][c] = _mm512_dpbusd_epi32(acc[i][1][c], bl, x[c]);
+                            }
                         }
                     }
+                    *part = acc;
                 }
+            }
+        }
+        for (pair, halves) in parts.iter().enumerate() {
+            for (h, acc) in halves.iter().enumerate() {
                 for i in 0..2 {
                     let r = 2 * pair + i;
                     for c in 0..4 {
