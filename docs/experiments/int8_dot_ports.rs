@@ -250,6 +250,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Median seconds per call of `a` and of `b`, over 64 rounds that run
+/// each `reps` times, alternating.
+fn alternate(reps: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        t.elapsed().as_secs_f64() / reps as f64
+    };
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..64 {
+        ta.push(time(&mut a));
+        tb.push(time(&mut b));
+    }
+    (median(ta), median(tb))
+}
+
 #[cfg(target_arch = "x86_64")]
 fn main() {
     let missing: Vec<&str> = [
@@ -317,23 +335,19 @@ fn main() {
     assert!(worst_f32 < 1e-2 && worst_vnni < 1e-2, "a kernel is wrong");
 
     let reps = (8192 * 64 / keys).max(1);
-    let (mut t_f32, mut t_vnni) = (Vec::new(), Vec::new());
-    for _ in 0..64 {
-        let t = Instant::now();
-        for _ in 0..reps {
+    let (a, b) = alternate(
+        reps,
+        || {
             // SAFETY: as above.
             unsafe { kernels::scores_f32(&q, &codes, &mut out_f32) };
-        }
-        t_f32.push(t.elapsed().as_secs_f64() / reps as f64);
-        let t = Instant::now();
-        for _ in 0..reps {
+            std::hint::black_box(&out_f32);
+        },
+        || {
             // SAFETY: as above.
             unsafe { kernels::scores_vnni(&q8, &scale, &codes, &mut out_vnni) };
-        }
-        t_vnni.push(t.elapsed().as_secs_f64() / reps as f64);
-        std::hint::black_box((&out_f32, &out_vnni));
-    }
-    let (a, b) = (median(t_f32), median(t_vnni));
+            std::hint::black_box(&out_vnni);
+        },
+    );
     let per_key = |s: f64| s * 1e9 / keys as f64;
     println!(
         "scores, {keys} keys, 4 rows, d = {D}: f32 FMAs {:.2} ns/key, vpdpbusd {:.2} ns/key ({:.2}x)",
@@ -397,23 +411,19 @@ fn main() {
         worst_f32 < 1e-4 * largest && worst_vnni < 1e-4 * largest,
         "a kernel is wrong"
     );
-    let (mut t_f32, mut t_vnni) = (Vec::new(), Vec::new());
-    for _ in 0..64 {
-        let t = Instant::now();
-        for _ in 0..reps {
+    let (c, e) = alternate(
+        reps,
+        || {
             // SAFETY: as above.
             unsafe { kernels::sums_f32(&w, &codes, &mut sums_f32) };
-        }
-        t_f32.push(t.elapsed().as_secs_f64() / reps as f64);
-        let t = Instant::now();
-        for _ in 0..reps {
+            std::hint::black_box(&sums_f32);
+        },
+        || {
             // SAFETY: as above.
             unsafe { kernels::sums_vnni(&hi, &lo, &unit, &codes, &mut sums_vnni) };
-        }
-        t_vnni.push(t.elapsed().as_secs_f64() / reps as f64);
-        std::hint::black_box((&sums_f32, &sums_vnni));
-    }
-    let (c, e) = (median(t_f32), median(t_vnni));
+            std::hint::black_box(&sums_vnni);
+        },
+    );
     println!(
         "weighted sum, same shape: f32 FMAs {:.2} ns/key, vpdpbusd on 16-bit weights {:.2} ns/key ({:.2}x)",
         per_key(c),
