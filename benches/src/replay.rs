@@ -389,10 +389,8 @@ pub(crate) fn lookup<'s, E: EvictionPolicy>(
     lat: &mut Vec<(u64, u32)>,
 ) -> Result<(RequestTicket, usize), Error> {
     let req = store.begin_request();
-    let (request_keys, tokens) = (
-        &keys.per_request[i],
-        trace.requests[i].input_length as usize,
-    );
+    let request_keys = &keys.per_request[i];
+    let tokens = trace.requests[i].input_length as usize;
     // A runtime hashes a request's tokens into its keys just before the
     // lookup, so they are in cache then. The replay computed every key up
     // front (9 MB for the conversation trace); reading them here, outside
