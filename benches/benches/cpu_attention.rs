@@ -636,6 +636,8 @@ mod ideal_kernel {
                 // they hold.
                 scores_softmax_dim_major: scores_softmax,
                 weighted_sum,
+                // The bench's pages are f16: no int8 queries.
+                int8_queries: None,
             }),
             ..stored
         });

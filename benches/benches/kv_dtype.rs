@@ -2,7 +2,10 @@
 //! K/V, and each against the read loop over the bytes it actually reads
 //! (codes and scales), in interleaved rounds of one run. Each dtype's
 //! decode also runs with every block table cycling over its sequence's
-//! first two pages (cache-resident K/V): its compute ceiling.
+//! first two pages (cache-resident K/V): its compute ceiling. int8 runs
+//! twice: with f32 queries, and scored against int8 queries
+//! (`CpuEngine::with_int8_queries`, where the CPU has AVX-512 VNNI and
+//! VBMI; the row says "n/a" elsewhere).
 //!
 //! Workload: 32 query heads, 8 kv heads, head_dim 128, 16-token pages with
 //! keys dim-major (the CPU engine's order), batch 8, contexts 8k and 32k,
@@ -57,6 +60,18 @@ fn main() {
         engine.kernels().name
     );
     let dtypes = [KvDtype::F16, KvDtype::I8, KvDtype::F8E4M3];
+    // (label, index into `dtypes`, engine): f16 first, the baseline.
+    let mut runs = vec![("f16", 0, engine.clone()), ("int8", 1, engine.clone())];
+    let int8_queries = engine.clone().with_int8_queries(true);
+    if int8_queries.int8_queries() {
+        runs.push(("int8, int8 queries", 1, int8_queries));
+    } else {
+        println!(
+            "int8 queries: n/a (kernels {} lack them)",
+            engine.kernels().name
+        );
+    }
+    runs.push(("fp8-e4m3", 2, engine.clone()));
     for ctx in [8192usize, 32768] {
         eprint!("ctx {ctx}: writing pages");
         let data: Vec<_> = dtypes
@@ -71,14 +86,15 @@ fn main() {
         eprintln!();
         let q = Rng::new(9).vec(BATCH * (Q_HEADS * HEAD_DIM) as usize);
         let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-        let mut outs: Vec<Vec<f32>> = vec![vec![0f32; q.len()]; dtypes.len()];
-        let mut attend = vec![Vec::new(); dtypes.len()];
-        let mut read = vec![Vec::new(); dtypes.len()];
-        let mut cached = vec![Vec::new(); dtypes.len()];
+        let mut outs: Vec<Vec<f32>> = vec![vec![0f32; q.len()]; runs.len()];
+        let mut attend = vec![Vec::new(); runs.len()];
+        let mut read = vec![Vec::new(); runs.len()];
+        let mut cached = vec![Vec::new(); runs.len()];
         for round in 0..rounds {
             eprint!("\rround {}/{rounds}", round + 1);
             let _ = std::io::stderr().flush();
-            for (i, (_, pages, tables, bytes)) in data.iter().enumerate() {
+            for (i, (_, at, engine)) in runs.iter().enumerate() {
+                let (_, pages, tables, bytes) = &data[*at];
                 let seqs = decode_seqs(tables, ctx);
                 let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
                 let out = &mut outs[i];
@@ -109,13 +125,14 @@ fn main() {
             "| ctx | dtype | MB read | decode ms | GB/s | vs f16 | read loop GB/s | of read loop | cache-resident ms | max rel diff vs f16 |"
         );
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-        for (i, (dt, _, _, bytes)) in data.iter().enumerate() {
+        for (i, (label, at, _)) in runs.iter().enumerate() {
+            let bytes = &data[*at].3;
             let (t, r) = (median(attend[i].clone()), median(read[i].clone()));
             let hot = median(cached[i].clone());
             let gb = *bytes as f64 / 1e9;
             println!(
                 "| {ctx} | {} | {:.1} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.0}% | {:.2} | {:.1e} |",
-                dt.name(),
+                label,
                 *bytes as f64 / 1e6,
                 t * 1e3,
                 gb / t,

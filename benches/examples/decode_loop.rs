@@ -1,7 +1,7 @@
 //! Decode steps of the CPU bench's workload back to back for a while, for
 //! a profiler to sample: batch 8, 32 query heads, 8 kv heads, head_dim
-//! 128, f16 K/V in 16-token pages, pages streamed from memory or (with
-//! `--cached`) cycling over two pages per sequence.
+//! 128, K/V in 16-token pages (f16, or `--dtype`), pages streamed from
+//! memory or (with `--cached`) cycling over two pages per sequence.
 //!
 //! Where the VM hides the PMU (`perf` says "PMU not available"), perf's
 //! timer-driven software clock still samples: a sample lands on the
@@ -19,10 +19,11 @@ use std::time::Instant;
 
 use clap::Parser;
 use kvslice_benches::decode_workload::{
-    BATCH, CPU_KEY_ORDER, HEAD_DIM, Q_HEADS, cached_tables, decode_seqs, fill, kv_bytes,
+    BATCH, CPU_KEY_ORDER, HEAD_DIM, Q_HEADS, cached_tables, decode_seqs, fill_as, kv_bytes_of,
 };
+use kvslice_benches::parse_kv_dtype;
 use kvslice_core::testkit::Rng;
-use kvslice_core::{AttentionBatch, AttentionEngine};
+use kvslice_core::{AttentionBatch, AttentionEngine, PageGeometry};
 use kvslice_cpu::CpuEngine;
 
 #[derive(Parser)]
@@ -40,6 +41,12 @@ struct Args {
     /// Threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    /// K/V storage type: f32, f16, bf16, int8 or fp8-e4m3.
+    #[arg(long, default_value = "f16")]
+    dtype: String,
+    /// Score int8 keys against int8 queries (`CpuEngine::with_int8_queries`).
+    #[arg(long)]
+    int8_queries: bool,
 }
 
 fn main() -> ExitCode {
@@ -48,7 +55,14 @@ fn main() -> ExitCode {
         eprintln!("error: --ctx and --secs must be positive");
         return ExitCode::FAILURE;
     }
-    let (pages, tables) = fill(args.ctx, false, CPU_KEY_ORDER);
+    let dtype = match parse_kv_dtype(&args.dtype) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: --dtype: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (pages, tables) = fill_as(args.ctx, dtype, CPU_KEY_ORDER);
     let tables = if args.cached {
         cached_tables(&tables)
     } else {
@@ -61,7 +75,8 @@ fn main() -> ExitCode {
     let engine = match args.threads {
         Some(t) => CpuEngine::new().with_threads(t),
         None => CpuEngine::new(),
-    };
+    }
+    .with_int8_queries(args.int8_queries);
     let start = Instant::now();
     let mut steps = 0u64;
     while start.elapsed().as_secs_f64() < args.secs {
@@ -72,10 +87,16 @@ fn main() -> ExitCode {
         steps += 1;
     }
     let secs = start.elapsed().as_secs_f64();
-    let gib = (kv_bytes(args.ctx) * steps) as f64 / secs / (1u64 << 30) as f64;
+    let gib = (kv_bytes_of(pages.layout(), args.ctx) * steps) as f64 / secs / (1u64 << 30) as f64;
     println!(
-        "{} kernels, ctx {}{}: {steps} steps in {secs:.1} s, {gib:.2} GiB/s of K/V",
+        "{} kernels{}, {} K/V, ctx {}{}: {steps} steps in {secs:.1} s, {gib:.2} GiB/s of K/V",
         engine.kernels().name,
+        if engine.int8_queries() {
+            " (int8 queries)"
+        } else {
+            ""
+        },
+        dtype.name(),
         args.ctx,
         if args.cached { " (cached)" } else { "" },
     );

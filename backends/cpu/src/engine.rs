@@ -9,7 +9,9 @@ use kvslice_core::{
     PageMemoryMut, Result, SeqAttention, write_kv,
 };
 
-use crate::kernels::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, raw_scale};
+use crate::kernels::{
+    FourRowKernels, Int8Queries, Kernels, SoftmaxState, StoredKernels, raw_scale,
+};
 
 /// Paged attention on the CPU with SIMD kernels and threads.
 ///
@@ -67,6 +69,9 @@ pub struct CpuEngine {
     span_keys: usize,
     /// Query rows per tile of a long query (0 = one tile).
     tile_rows: usize,
+    /// Int8 keys scored against queries rounded to int8, where the
+    /// kernels can.
+    int8_queries: bool,
 }
 
 impl Default for CpuEngine {
@@ -85,6 +90,7 @@ impl CpuEngine {
             chunk_pages: 0,
             span_keys: SPAN_KEYS,
             tile_rows: TILE_ROWS,
+            int8_queries: false,
         }
     }
 
@@ -233,6 +239,53 @@ impl CpuEngine {
     pub fn with_query_tile_rows(mut self, rows: usize) -> Self {
         self.tile_rows = rows.min(BUILDER_LIMIT);
         self
+    }
+
+    /// With int8 keys scored against query rows rounded to int8 (each
+    /// row against its largest magnitude, per kv head and call) on
+    /// integer dot products, where the kernel set has them
+    /// ([`crate::FourRowKernels::int8_queries`]:
+    /// AVX-512 VNNI and VBMI) and the pages suit them: int8 keys stored
+    /// dim-major, four query rows per kv head (GQA decode), whole blocks
+    /// of a multiple of 16 keys (a partial last block keeps f32 queries).
+    /// Elsewhere it changes nothing ([`Self::int8_queries`] says which).
+    /// Scoring is the larger part of int8 decode's arithmetic, so this
+    /// makes it faster, and the rounding adds error: on Gaussian keys, a
+    /// fifth more than int8 K/V's own (docs/QUANTIZATION.md has the
+    /// figures, and the model's).
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KeyOrder, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// // GQA decode (8 query heads, 2 kv heads) over int8 keys, dim-major.
+    /// let spec = LayoutSpec::new(1, 8, 2, 128, 16, KvDtype::I8).with_key_order(KeyOrder::DimMajor);
+    /// let mut rng = Rng::new(9);
+    /// let sc = Scenario::random(KvLayout::new(spec)?, &[(512, 1)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let mut out = vec![0.0; q.len()];
+    /// let engine = CpuEngine::new().with_int8_queries(true);
+    /// engine.attend(&sc.pages, &AttentionBatch::new(0, 0, &seqs, &q, 0.09), &mut out)?;
+    /// println!("int8 queries in use: {}", engine.int8_queries());
+    /// assert!(max_rel_err(&out, &sc.naive_f64(0, 0, &q, 0.09)?) < 5e-2);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_int8_queries(mut self, on: bool) -> Self {
+        self.int8_queries = on;
+        self
+    }
+
+    /// Whether int8 keys are scored against int8 queries: asked for
+    /// ([`Self::with_int8_queries`]) and in the kernel set.
+    pub fn int8_queries(&self) -> bool {
+        self.int8_queries
+            && self
+                .kernels
+                .stored
+                .and_then(|s| s.four_rows)
+                .is_some_and(|f| f.int8_queries.is_some())
     }
 
     /// The kernels in use (for reports).
@@ -474,6 +527,9 @@ struct HeadWork {
     /// Where the scales of its K and V rows sit (scaled dtypes).
     k_scales: Option<std::ops::Range<usize>>,
     v_scales: Option<std::ops::Range<usize>>,
+    /// Its query rows rounded to int8, once for every span, where the
+    /// engine scores int8 keys against them.
+    int8: Option<Int8Queries>,
 }
 
 impl CpuEngine {
@@ -531,6 +587,17 @@ impl CpuEngine {
         let mut q = std::mem::take(&mut scratch.q);
         let mut scales = std::mem::take(&mut scratch.scales);
         q.clear();
+        // Four rows (GQA decode) of int8 keys in dim-major blocks are what
+        // the int8-query kernels take.
+        let int8_queries = self
+            .four_row_kernels(hd)
+            .and_then(|fk| fk.int8_queries)
+            .filter(|_| {
+                self.int8_queries
+                    && rows == 4
+                    && layout.dtype() == kvslice_core::KvDtype::I8
+                    && layout.key_order() == KeyOrder::DimMajor
+            });
         for kv_head in t.kv_head..t.kv_head + t.heads {
             // Token-major puts the rows a causal block can see in one suffix.
             let first_row = q.len();
@@ -547,6 +614,7 @@ impl CpuEngine {
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
                 k_scales: layout.scale_region(KvPart::K, shape.layer_in_group, kv_head)?,
                 v_scales: layout.scale_region(KvPart::V, shape.layer_in_group, kv_head)?,
+                int8: int8_queries.and_then(|iq| (iq.round)(&q[first_row..])),
             });
         }
         // Rows that see every key of several small blocks take them as one
@@ -605,6 +673,13 @@ impl CpuEngine {
         scratch.key_major.resize(heads.len(), false);
         scratch.rescale.resize(rows, 1.0);
         let (first_k, first_v) = (heads[0].k.clone(), heads[0].v.clone());
+        // A scaled dtype's scales of every head of the task, K's and then
+        // V's, one run of bytes per page (the kernels' prefetches cover
+        // the codes only).
+        let all_scales = match (&heads[0].k_scales, &heads[heads.len() - 1].v_scales) {
+            (Some(first), Some(last)) => first.start.min(last.start)..first.end.max(last.end),
+            _ => 0..0,
+        };
         let mut pos = t.start;
         let mut end = span_end(pos);
         let mut span = span_pages(pos, end)?;
@@ -621,7 +696,13 @@ impl CpuEngine {
                     (k.prefetch)(&far[first_k.start..(first_k.start + 64).min(first_k.end)]);
                     (k.prefetch)(&far[first_v.start..(first_v.start + 64).min(first_v.end)]);
                 }
-                (Some(span_pages(end, next_end)?), next_end)
+                let next = span_pages(end, next_end)?;
+                if !all_scales.is_empty() {
+                    for page in next.as_slice() {
+                        (k.prefetch)(&page[all_scales.clone()]);
+                    }
+                }
+                (Some(next), next_end)
             } else {
                 (None, end)
             };
@@ -654,11 +735,13 @@ impl CpuEngine {
                     let from = pos.max(block_start) - block_start;
                     let upto = end.min(block_start + bt) - block_start;
                     let bytes = &page[r.start + 4 * from..r.start + 4 * upto];
-                    out.extend(
-                        bytes
-                            .chunks_exact(4)
-                            .map(|b| raw * f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                    );
+                    // Sized first, then filled: a loop the compiler
+                    // vectorizes, where `extend` went a scale at a time.
+                    let at = out.len();
+                    out.resize(at + upto - from, 0.0);
+                    for (o, b) in out[at..].iter_mut().zip(bytes.chunks_exact(4)) {
+                        *o = raw * f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
                 }
             };
             // Region `r` of every page of `span` (whole, for prefetching).
@@ -703,6 +786,7 @@ impl CpuEngine {
                     &q[h.q.clone()],
                     &mut h.part,
                     &keys,
+                    h.int8.as_ref(),
                     scratch,
                 );
             }
@@ -763,6 +847,7 @@ impl CpuEngine {
         q: &[f32],
         part: &mut Partials,
         keys: &Block<'_>,
+        int8: Option<&Int8Queries>,
         scratch: &mut Scratch,
     ) {
         let hd = layout.head_dim() as usize;
@@ -805,8 +890,19 @@ impl CpuEngine {
                 .filter(|_| bt % 16 == 0 && pos % bt == 0 && n == keys.segs.len() * bt)
                 .map(|fk| fk.scores_softmax_dim_major),
         };
+        let bytes = four.and(int8).and_then(|q| {
+            let iq = self.four_row_kernels(hd)?.int8_queries?;
+            Some((iq.scores_softmax_dim_major, q))
+        });
         key_major[keys.slot] = four.is_some();
-        if let Some(scores_softmax) = four {
+        if let Some((scores_softmax, q)) = bytes {
+            let state = SoftmaxState {
+                max: &mut part.max[first..],
+                sum: &mut part.sum[first..],
+                rescale,
+            };
+            scores_softmax(q, keys.segs, keys.scales, scores, state, keys.ahead);
+        } else if let Some(scores_softmax) = four {
             let state = SoftmaxState {
                 max: &mut part.max[first..],
                 sum: &mut part.sum[first..],
@@ -922,9 +1018,7 @@ impl CpuEngine {
         // into its weights, which nothing reads after this.
         if !values.scales.is_empty() {
             if key_major {
-                for (w, s) in weights.chunks_exact_mut(4).zip(values.scales) {
-                    w.iter_mut().for_each(|x| *x *= s);
-                }
+                k.scale_key_major(weights, values.scales);
             } else {
                 for row in weights.chunks_exact_mut(n) {
                     row.iter_mut().zip(values.scales).for_each(|(x, s)| *x *= s);

@@ -387,3 +387,91 @@ fn dim_major_decode_takes_the_dim_major_kernel() {
         assert_eq!(CALLS.load(Ordering::Relaxed), calls, "kv_len {kv_len}");
     }
 }
+
+/// Each query row (`d` elements, already times the softmax scale) as the
+/// int8-query kernels round it: to int8 against its largest magnitude, in
+/// f32 with ties to even, then back to f32.
+fn rounded_queries(q: &[f32], d: usize, scale: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(q.len());
+    for row in q.chunks_exact(d) {
+        let row: Vec<f32> = row.iter().map(|x| x * scale).collect();
+        let top = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let (inv, unit) = if top > 0.0 {
+            (127.0 / top, top / 127.0)
+        } else {
+            (0.0, 0.0)
+        };
+        out.extend(row.iter().map(|x| (x * inv).round_ties_even() * unit));
+    }
+    out
+}
+
+/// Int8 keys scored against int8 queries ([`CpuEngine::with_int8_queries`])
+/// give the oracle's attention for the rounded queries (whole blocks, so
+/// every score takes the int8 kernel), and stay near the unrounded
+/// queries' with a partial last block on f32 queries. Head widths of 128
+/// (the byte weighted sum's two halves), 64 and 32 (the f32 weighted
+/// sum), blocks of 16 (one load per four dims) and 32.
+#[test]
+fn int8_queries_give_the_attention_of_their_rounding() {
+    let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
+    let sets: Vec<Kernels> = Kernels::supported()
+        .into_iter()
+        .filter(|k| required.as_deref().is_none_or(|r| r == k.name))
+        .filter(|k| {
+            k.stored
+                .and_then(|s| s.four_rows)
+                .is_some_and(|f| f.int8_queries.is_some())
+        })
+        .collect();
+    if sets.is_empty() {
+        println!("SKIPPED: no kernel set here scores int8 queries (needs AVX-512 VNNI and VBMI)");
+        return;
+    }
+    let mut rng = Rng::new(41);
+    let scale = 0.09;
+    for k in sets {
+        for (hd, bt) in [(128u32, 16usize), (64, 32), (32, 16)] {
+            let spec = LayoutSpec::new(1, 8, 2, hd, bt as u32, KvDtype::I8)
+                .with_key_order(KeyOrder::DimMajor);
+            let layout = KvLayout::new(spec).unwrap();
+            for (seqs, whole) in [
+                (vec![(20 * bt, 1), (3 * bt, 1), (bt, 1)], true),
+                (vec![(7 * bt + 5, 1), (bt + 1, 1)], false),
+            ] {
+                let sc = Scenario::random(layout, &seqs, &mut rng).unwrap();
+                let q = sc.random_queries(0, &mut rng).unwrap();
+                let table = sc.seq_attention(0, 0).unwrap();
+                let batch = AttentionBatch::new(0, 0, &table, &q, scale);
+                let exact = sc.naive_f64(0, 0, &q, scale).unwrap();
+                let rounded = rounded_queries(&q, hd as usize, scale);
+                let of_rounded = sc.naive_f64(0, 0, &rounded, 1.0).unwrap();
+                for engine in [
+                    CpuEngine::new().with_kernels(k).with_int8_queries(true),
+                    CpuEngine::new()
+                        .with_kernels(k)
+                        .with_int8_queries(true)
+                        .with_threads(1)
+                        .with_span_keys(bt),
+                ] {
+                    assert!(engine.int8_queries());
+                    let mut out = vec![f32::NAN; q.len()];
+                    engine.attend(&sc.pages, &batch, &mut out).unwrap();
+                    let (to_exact, to_rounded) =
+                        (max_rel_err(&out, &exact), max_rel_err(&out, &of_rounded));
+                    let case = format!("{} d={hd} bt={bt} {seqs:?} {engine:?}", k.name);
+                    println!("{case}: {to_exact:.2e} from f32 queries, {to_rounded:.2e} from int8");
+                    assert!(to_exact < 5e-2, "{case}: {to_exact:e} from f32 queries");
+                    if whole {
+                        // The rounding shows, and nothing else does.
+                        assert!(
+                            to_rounded < 2e-5,
+                            "{case}: {to_rounded:e} from int8 queries"
+                        );
+                        assert!(to_exact > 1e-4, "{case}: queries not rounded?");
+                    }
+                }
+            }
+        }
+    }
+}

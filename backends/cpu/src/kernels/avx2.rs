@@ -32,9 +32,11 @@ pub(super) fn kernels() -> Option<Kernels> {
             four_rows: Some(FourRowKernels {
                 scores_softmax: four_row_scores_softmax,
                 scores_softmax_dim_major: four_row_scores_softmax_dim_major,
+                int8_queries: None,
                 weighted_sum: four_row_weighted_sum,
             }),
         }),
+        scale_key_major: scale_weights,
         prefetch,
     })
 }
@@ -440,6 +442,13 @@ fn four_row_scores_softmax(
         };
         k(q, keys, d, scales, w, state, ahead)
     }
+}
+
+/// [`Kernels::scale_key_major`](super::Kernels::scale_key_major).
+fn scale_weights(w: &mut [f32], scales: &[f32]) {
+    let n = scales.len().min(w.len() / 4);
+    // SAFETY: `w` holds `4·n` weights and `scales` `n`; AVX2 is present.
+    unsafe { scale_key_major(w.as_mut_ptr(), scales.as_ptr(), n) }
 }
 
 /// Multiplies each of `n` keys' four key-major scores in `w` by the key's

@@ -55,9 +55,11 @@ pub(super) fn kernels() -> Option<Kernels> {
             four_rows: Some(FourRowKernels {
                 scores_softmax: four_row_scores_softmax,
                 scores_softmax_dim_major: four_row_scores_softmax_dim_major,
+                int8_queries: None,
                 weighted_sum: four_row_weighted_sum,
             }),
         }),
+        scale_key_major,
         prefetch: base.prefetch,
     })
 }
@@ -102,7 +104,7 @@ fn is_zen_4() -> bool {
 // detected; every `SAFETY` comment here relies on that.
 
 /// Lanes `0..m` of a 16-lane mask (`m ≤ 16`).
-fn mask(m: usize) -> __mmask16 {
+pub(super) fn mask(m: usize) -> __mmask16 {
     ((1u32 << m.min(16)) - 1) as __mmask16
 }
 
@@ -382,7 +384,7 @@ fn four_row_scores_softmax(
     }
 }
 
-fn four_row_scores_softmax_dim_major(
+pub(super) fn four_row_scores_softmax_dim_major(
     dtype: KvDtype,
     q: &[f32],
     keys: &[&[u8]],
@@ -489,7 +491,7 @@ unsafe fn dim_major_avx512<const E: u8>(
             let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
             *h = _mm256_max_ps(_mm512_castps512_ps256(v), hi);
         }
-        avx2::dim_major_weights(w, g, avx2::hmax4(halves), state);
+        dim_major_weights(w, g, avx2::hmax4(halves), state);
     }
 }
 
@@ -599,14 +601,116 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
         let vm = max_lanes(w, total, _mm512_broadcast_f32x4(old));
         let new = quarters::<MAX>(vm);
         _mm_storeu_ps(max, new);
-        // The old max's weight under the new one, exactly 1 where it held
-        // (as `softmax_rows_avx512` has it).
-        let e = _mm512_castps512_ps128(exp16(_mm512_zextps128_ps512(_mm_sub_ps(old, new))));
-        let factor =
-            _mm_mask_blend_ps(_mm_cmp_ps_mask::<_CMP_GT_OQ>(new, old), _mm_set1_ps(1.0), e);
+        let factor = rescale_factors(old, new);
         _mm_storeu_ps(rescale, factor);
         let vs = exp_shifted(w, total, _mm512_broadcast_f32x4(new));
         let total = quarters::<ADD>(vs);
+        _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, total));
+    }
+}
+
+/// [`Kernels::scale_key_major`](super::Kernels::scale_key_major): four
+/// keys' weights per vector, their scales spread four lanes each.
+fn scale_key_major(w: &mut [f32], scales: &[f32]) {
+    let n = scales.len().min(w.len() / 4);
+    // SAFETY: `w` holds `4·n` weights and `scales` `n`; AVX-512 F is
+    // present.
+    unsafe { scale_key_major_avx512(w.as_mut_ptr(), scales.as_ptr(), n) }
+}
+
+/// # Safety
+/// `w` is valid for `4·n` reads and writes, `scales` for `n` reads;
+/// AVX-512 F is present.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_key_major_avx512(w: *mut f32, scales: *const f32, n: usize) {
+    let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    let mut j = 0;
+    while j < n {
+        let m = (n - j).min(4);
+        // SAFETY: the masks keep keys `j..j + m` under `n`, weights under
+        // `4·n`.
+        unsafe {
+            let s = _mm512_maskz_loadu_ps(mask(m), scales.add(j));
+            let at = w.add(4 * j);
+            let x = _mm512_maskz_loadu_ps(mask(4 * m), at);
+            let y = _mm512_mul_ps(x, _mm512_permutexvar_ps(spread, s));
+            _mm512_mask_storeu_ps(at, mask(4 * m), y);
+        }
+        j += 4;
+    }
+}
+
+/// The old max's weight under the new one, exactly 1 where it held (as
+/// `softmax_rows_avx512` has it), per row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl")]
+fn rescale_factors(old: __m128, new: __m128) -> __m128 {
+    let e = _mm512_castps512_ps128(exp16(_mm512_zextps128_ps512(_mm_sub_ps(old, new))));
+    _mm_mask_blend_ps(_mm_cmp_ps_mask::<_CMP_GT_OQ>(new, old), _mm_set1_ps(1.0), e)
+}
+
+/// [`avx2::dim_major_weights`] sixteen keys at a time: the same `exp` per
+/// weight (to the bit) and the same key-major order, the rows' sums added
+/// in another order.
+///
+/// # Safety
+/// As [`avx2::dim_major_weights`]; AVX-512 F and VL are present.
+#[target_feature(enable = "avx512f,avx512vl")]
+pub(super) unsafe fn dim_major_weights(
+    w: *mut f32,
+    groups: usize,
+    block_max: __m128,
+    [max, sum, rescale]: [*mut f32; 3],
+) {
+    // SAFETY: the contract above.
+    unsafe {
+        let old = _mm_loadu_ps(max);
+        let new = _mm_max_ps(old, block_max);
+        _mm_storeu_ps(max, new);
+        let factor = rescale_factors(old, new);
+        _mm_storeu_ps(rescale, factor);
+        let m = [
+            _mm512_broadcastss_ps(new),
+            _mm512_broadcastss_ps(_mm_permute_ps::<0x55>(new)),
+            _mm512_broadcastss_ps(_mm_permute_ps::<0xAA>(new)),
+            _mm512_broadcastss_ps(_mm_permute_ps::<0xFF>(new)),
+        ];
+        let mut sums = [_mm512_setzero_ps(); 4];
+        for g in 0..groups {
+            let at = w.add(64 * g);
+            let mut x = [_mm512_setzero_ps(); 4];
+            for (r, x) in x.iter_mut().enumerate() {
+                *x = exp16(_mm512_sub_ps(_mm512_loadu_ps(at.add(16 * r)), m[r]));
+                sums[r] = _mm512_add_ps(sums[r], *x);
+            }
+            // Four rows × sixteen keys to sixteen keys × four rows: within
+            // each 128-bit lane `l`, `k[i]` gets key `4l + i`'s four rows;
+            // a transpose of the lanes puts keys `4l..4l + 4` in vector `l`.
+            let t0 = _mm512_unpacklo_ps(x[0], x[1]);
+            let t1 = _mm512_unpacklo_ps(x[2], x[3]);
+            let t2 = _mm512_unpackhi_ps(x[0], x[1]);
+            let t3 = _mm512_unpackhi_ps(x[2], x[3]);
+            let k = [
+                _mm512_shuffle_ps::<0x44>(t0, t1),
+                _mm512_shuffle_ps::<0xEE>(t0, t1),
+                _mm512_shuffle_ps::<0x44>(t2, t3),
+                _mm512_shuffle_ps::<0xEE>(t2, t3),
+            ];
+            let u0 = _mm512_shuffle_f32x4::<0x44>(k[0], k[1]);
+            let u1 = _mm512_shuffle_f32x4::<0x44>(k[2], k[3]);
+            let u2 = _mm512_shuffle_f32x4::<0xEE>(k[0], k[1]);
+            let u3 = _mm512_shuffle_f32x4::<0xEE>(k[2], k[3]);
+            _mm512_storeu_ps(at, _mm512_shuffle_f32x4::<0x88>(u0, u1));
+            _mm512_storeu_ps(at.add(16), _mm512_shuffle_f32x4::<0xDD>(u0, u1));
+            _mm512_storeu_ps(at.add(32), _mm512_shuffle_f32x4::<0x88>(u2, u3));
+            _mm512_storeu_ps(at.add(48), _mm512_shuffle_f32x4::<0xDD>(u2, u3));
+        }
+        let total = _mm_setr_ps(
+            _mm512_reduce_add_ps(sums[0]),
+            _mm512_reduce_add_ps(sums[1]),
+            _mm512_reduce_add_ps(sums[2]),
+            _mm512_reduce_add_ps(sums[3]),
+        );
         _mm_storeu_ps(sum, _mm_fmadd_ps(_mm_loadu_ps(sum), factor, total));
     }
 }
@@ -639,7 +743,7 @@ fn quarters<const OP: u8>(v: __m512) -> __m128 {
     op::<OP>(lo, hi)
 }
 
-fn four_row_weighted_sum(
+pub(super) fn four_row_weighted_sum(
     dtype: KvDtype,
     p: &[f32],
     values: &[&[u8]],

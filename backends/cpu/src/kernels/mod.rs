@@ -12,6 +12,8 @@ mod avx512;
 mod neon;
 mod scalar;
 mod shapes;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use kvslice_core::KvDtype;
 
@@ -69,6 +71,10 @@ pub type StoredWeightedSumFn = fn(KvDtype, &[f32], usize, &[u8], usize, &mut [f3
 /// state, ahead)`.
 pub type FourRowScoresSoftmaxFn =
     fn(KvDtype, &[f32], &[&[u8]], &[f32], &mut [f32], SoftmaxState<'_>, &[&[u8]]);
+/// [`Int8QueryKernels::scores_softmax_dim_major`]: `(q, keys, scales,
+/// weights, state, ahead)`.
+pub type Int8ScoresSoftmaxFn =
+    fn(&Int8Queries, &[&[u8]], &[f32], &mut [f32], SoftmaxState<'_>, &[&[u8]]);
 /// [`FourRowKernels::weighted_sum`]: `(dtype, p, values, acc, ahead)`.
 pub type FourRowWeightedSumFn = fn(KvDtype, &[f32], &[&[u8]], &mut [f32], &[&[u8]]);
 
@@ -126,6 +132,9 @@ pub struct Kernels {
     /// `scores` and `weighted_sum` reading K/V rows as stored, where the
     /// ISA converts in registers (`None` elsewhere).
     pub stored: Option<StoredKernels>,
+    /// Multiplies each key's four weights of key-major weights (as the
+    /// four-row kernels leave them, `w[j·4 + i]`) by the key's scale.
+    scale_key_major: fn(&mut [f32], &[f32]),
     /// Asks for `bytes` to be brought into cache (a no-op where the ISA
     /// has no stable prefetch intrinsic). The engine touches the first
     /// lines of the next page's K and V so that the L2 streamer, which
@@ -228,6 +237,11 @@ pub struct FourRowKernels {
     /// If the segments are not whole blocks of one length, `bt` is not a
     /// multiple of 16, or `weights` or the state is too short.
     pub scores_softmax_dim_major: FourRowScoresSoftmaxFn,
+    /// [`Self::scores_softmax_dim_major`] for int8 keys against query rows
+    /// rounded to int8, on integer dot products, where the set has them
+    /// (AVX-512 VNNI and VBMI). The rounding adds error of its own:
+    /// [`crate::CpuEngine::with_int8_queries`] opts in.
+    pub int8_queries: Option<Int8QueryKernels>,
     /// `acc[i] += Σ_j weights[j·4 + i] · v[j]` for four accumulators of
     /// width `d` (`acc`, `4 × d`), `v[j]` the `n` rows of the segments of
     /// `values` in order, stored as `dtype`. Prefetches `ahead` as
@@ -236,6 +250,81 @@ pub struct FourRowKernels {
     /// # Panics
     /// If a segment ends inside a row, or `weights` is too short.
     pub weighted_sum: FourRowWeightedSumFn,
+}
+
+/// Longest query row [`Int8QueryKernels::round`] takes.
+pub const MAX_INT8_QUERY_DIMS: usize = 512;
+
+/// Four query rows rounded to int8, each against its largest magnitude
+/// (its scale is that over 127), as [`Int8QueryKernels::round`] leaves
+/// them for [`Int8QueryKernels::scores_softmax_dim_major`]: made once per
+/// kv head and call, scored against every span of its keys.
+#[derive(Clone)]
+pub struct Int8Queries {
+    /// Each row's codes, four dims to a word.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    codes: [[u32; MAX_INT8_QUERY_DIMS / 4]; 4],
+    /// Each row's sum of codes.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    sums: [i32; 4],
+    scales: [f32; 4],
+    dims: usize,
+}
+
+impl Int8Queries {
+    /// The row width `d`.
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    /// Each row's scale: the value of code 1.
+    pub fn scales(&self) -> [f32; 4] {
+        self.scales
+    }
+
+    /// Each row as its codes times its scale (what the scores are the
+    /// dot products of).
+    pub fn dequantized(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(4 * self.dims);
+        for (row, scale) in self.codes.iter().zip(self.scales) {
+            let bytes = row.iter().flat_map(|w| w.to_le_bytes()).take(self.dims);
+            out.extend(bytes.map(|b| f32::from(b as i8) * scale));
+        }
+        out
+    }
+}
+
+/// GQA decode's scores over int8 keys with the four query rows rounded to
+/// int8, where a set has them ([`FourRowKernels::int8_queries`]).
+///
+/// ```
+/// use kvslice_cpu::Kernels;
+///
+/// let q: Vec<f32> = (0..4 * 64).map(|i| (i as f32 * 0.3).sin()).collect();
+/// let iq = Kernels::supported().into_iter().find_map(|k| k.stored?.four_rows?.int8_queries);
+/// if let Some(iq) = iq {
+///     let rounded = (iq.round)(&q).expect("finite rows of 64");
+///     assert_eq!(rounded.dims(), 64);
+///     // Each element within half a step of its row's scale.
+///     for (i, (x, y)) in q.iter().zip(rounded.dequantized()).enumerate() {
+///         assert!((x - y).abs() <= rounded.scales()[i / 64] * 0.5001);
+///     }
+/// }
+/// ```
+#[derive(Clone, Copy)]
+pub struct Int8QueryKernels {
+    /// Rounds four query rows (`q`, `4 × d`, `d` a multiple of 4 up to
+    /// [`MAX_INT8_QUERY_DIMS`]) to int8; `None` where a row holds a NaN
+    /// or infinity, or `d` does not fit.
+    pub round: fn(&[f32]) -> Option<Int8Queries>,
+    /// [`FourRowKernels::scores_softmax_dim_major`] with int8 keys
+    /// against rounded rows: the same weights and state for the rounded
+    /// queries, to rounding.
+    ///
+    /// # Panics
+    /// As `scores_softmax_dim_major`, or if the blocks' rows are not
+    /// `q.dims()` wide.
+    pub scores_softmax_dim_major: Int8ScoresSoftmaxFn,
 }
 
 impl SoftmaxState<'_> {
@@ -301,6 +390,11 @@ impl Kernels {
                 }
                 _ => all.extend(wide.into_iter().chain(narrow)),
             }
+            // Int8 pages on integer dot products, where the CPU has them:
+            // the set otherwise first, with those kernels.
+            if let Some(bytes) = all.first().and_then(vnni::with_byte_kernels) {
+                all.insert(0, bytes);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         all.extend(neon::kernels());
@@ -326,6 +420,13 @@ impl Kernels {
     /// The portable fallback, for comparison and tests.
     pub fn scalar() -> Self {
         scalar::kernels()
+    }
+
+    /// Multiplies the four key-major weights of each key `j` (`w[j·4 +
+    /// i]`) by `scales[j]`, for as many keys as both hold.
+    #[inline]
+    pub(crate) fn scale_key_major(&self, w: &mut [f32], scales: &[f32]) {
+        (self.scale_key_major)(w, scales)
     }
 
     /// Widens little-endian stored elements (`src`, `dst.len()` of them) to
@@ -759,7 +860,23 @@ mod tests {
                             if max[2] == max0[2] {
                                 assert_eq!(frescale[2], 1.0, "{case}");
                             }
-                            assert_eq!(facc, acc, "{case}: weighted sum");
+                            if dtype == KvDtype::I8 && vnni::rounds_int8_weights(&k) {
+                                // Weights rounded to 16 bits against each
+                                // row's largest: each off by at most half
+                                // of 1/65535 of it, times a code of at
+                                // most 127.
+                                for i in 0..4 {
+                                    let top = (0..n).map(|j| w[j * 4 + i]).fold(0f32, f32::max);
+                                    let bound = top / 65535.0 * 0.5 * 127.0 * n as f32;
+                                    for c in i * d..(i + 1) * d {
+                                        let err = (facc[c] - acc[c]).abs();
+                                        let tol = bound + 1e-6 * acc[c].abs();
+                                        assert!(err <= tol, "{case}: weighted sum {c}: {err:e}");
+                                    }
+                                }
+                            } else {
+                                assert_eq!(facc, acc, "{case}: weighted sum");
+                            }
                         }
                     }
                 }

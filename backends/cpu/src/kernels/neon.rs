@@ -21,6 +21,7 @@ pub(super) fn kernels() -> Option<Kernels> {
         scores,
         weighted_sum,
         stored: None,
+        scale_key_major: scalar::scale_key_major,
         prefetch,
     })
 }

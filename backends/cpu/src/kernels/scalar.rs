@@ -17,7 +17,15 @@ pub(super) fn kernels() -> Kernels {
         scores,
         weighted_sum,
         stored: None,
+        scale_key_major,
         prefetch,
+    }
+}
+
+/// [`Kernels::scale_key_major`](super::Kernels::scale_key_major).
+pub(super) fn scale_key_major(w: &mut [f32], scales: &[f32]) {
+    for (w, s) in w.chunks_exact_mut(4).zip(scales) {
+        w.iter_mut().for_each(|x| *x *= s);
     }
 }
 
