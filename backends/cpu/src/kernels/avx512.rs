@@ -10,8 +10,10 @@
 //! (even and odd elements) instead, and agree to rounding.
 //!
 //! CI has no AVX-512 CPU: these kernels are tested under Bochs's AVX-512
-//! emulation (`.ci/avx512-emulated.sh`), which runs this crate's tests with
-//! `KVSLICE_REQUIRE_KERNELS` naming this set. The one AVX-512 CPU they
+//! emulation (`.ci/avx512-emulated.sh`, an Ice Lake), which runs this
+//! crate's tests with `KVSLICE_REQUIRE_KERNELS` naming the set built on
+//! this one ([`super::vnni`]), which holds all of these kernels but the
+//! four-row int8 weighted sum. The one AVX-512 CPU they
 //! have been timed on, an AMD Zen 4, ran them slower than the AVX2 set
 //! before both paired their prefetches with the segments, and level with
 //! it since, except this set's four-row weighted sum and dim-major scores,
@@ -405,8 +407,8 @@ pub(super) fn four_row_scores_softmax_dim_major(
     unsafe { avx2::dim_major_call(kernels, dtype, q, keys, scales, weights, state, ahead) }
 }
 
-/// [`FourRowKernels::scores_softmax_dim_major`]: AVX2's scheme
-/// ([`avx2::dim_major_weights`] for the softmax) with a group's 16 keys in
+/// [`FourRowKernels::scores_softmax_dim_major`]: AVX2's scheme (and its
+/// softmax, sixteen keys at a time: [`dim_major_weights`]) with a group's 16 keys in
 /// one register per row, two elements per step into eight accumulators
 /// (four chains per element hide the FMA latency). On a Zen 4, where
 /// 512-bit operations take two passes, the four-row bench (64

@@ -20,8 +20,8 @@
 //!   Gaussian keys, `core/tests/quantized_accuracy.rs`), so the engine
 //!   takes these only when asked ([`crate::CpuEngine::with_int8_queries`]).
 //!
-//! Measured with the design in `docs/experiments/int8_dot_ports.rs`
-//! (docs/notes/cpu-decode.md).
+//! What they gain, and what was tried on the way: docs/notes/cpu-decode.md
+//! ("8-bit queries on `vpdpbusd`").
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
