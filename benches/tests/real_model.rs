@@ -365,11 +365,12 @@ fn eight_bit_kv_keeps_the_greedy_tokens_and_likelihood() {
     let text = &PASSAGE[..PASSAGE.find(" In summer").unwrap()];
     let dtypes = [KvDtype::F16, KvDtype::I8, KvDtype::F8E4M3];
     let engine = kvslice_cpu::CpuEngine::new();
-    let rows = kv_accuracy(m, &engine, &dtypes, &workload, text, 24, false).unwrap();
+    let rows = kv_accuracy(m, &engine, &dtypes, true, &workload, text, 24, false).unwrap();
     for r in &rows {
         println!(
-            "{}: agreement {:.3} over {} tokens, NLL {:.4} over {}",
+            "{}{}: agreement {:.3} over {} tokens, NLL {:.4} over {}",
             r.dtype.name(),
+            if r.int8_queries { ", int8 queries" } else { "" },
             r.agreement,
             r.reply_tokens,
             r.nll,
@@ -382,6 +383,10 @@ fn eight_bit_kv_keeps_the_greedy_tokens_and_likelihood() {
         rows[0].reply_tokens
     );
     assert_eq!(rows[0].agreement, 1.0, "f16 scored against its own replies");
+    assert!(
+        rows[3].int8_queries && rows[3].dtype == KvDtype::I8,
+        "{rows:?}"
+    );
     for r in &rows[1..] {
         assert!(
             r.agreement >= 0.85,

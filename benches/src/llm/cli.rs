@@ -315,6 +315,10 @@ pub struct KvAccuracyArgs {
     /// passage of about 220 tokens).
     #[arg(long)]
     pub text: Option<PathBuf>,
+    /// Also score int8 pages with the queries rounded to int8, as
+    /// `CpuEngine::with_int8_queries` rounds them.
+    #[arg(long)]
+    pub int8_queries: bool,
 }
 
 /// Scores each K/V dtype's cache against the first's on the real model.
@@ -346,6 +350,7 @@ pub fn run_kv_accuracy(args: &KvAccuracyArgs) -> Result<(), String> {
         &model,
         &*engine,
         &dtypes,
+        args.int8_queries,
         &workload,
         &text,
         args.max_new,
