@@ -1057,6 +1057,31 @@ unsafe fn dim_major_scores_softmax_avx2<const E: u8>(
     }
 }
 
+/// Grows the four rows' running `max` to cover `block_max` and stores each
+/// row's rescale factor (exactly 1 where the max held) at `rescale`;
+/// returns the new maxima and the factors.
+///
+/// # Safety
+/// `max` and `rescale` are valid for 4 reads and writes; AVX2 and FMA are
+/// present.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn grow_max(
+    block_max: __m128,
+    max: *mut f32,
+    rescale: *mut f32,
+) -> (__m128, __m128) {
+    // SAFETY: four lanes each, by the contract.
+    unsafe {
+        let old = _mm_loadu_ps(max);
+        let new = _mm_max_ps(old, block_max);
+        _mm_storeu_ps(max, new);
+        let factor = rescale_factors(old, new);
+        _mm_storeu_ps(rescale, factor);
+        (new, factor)
+    }
+}
+
 /// The softmax of a dim-major kernel's raw scores: `groups` groups of 16
 /// keys, each left as four rows of 16 in its 64 weights, whose rows'
 /// maxima are `block_max`. Folds them into the rows' online softmax (the
@@ -1076,11 +1101,7 @@ pub(super) unsafe fn dim_major_weights(
 ) {
     // SAFETY: the contract above.
     unsafe {
-        let old = _mm_loadu_ps(max);
-        let new = _mm_max_ps(old, block_max);
-        _mm_storeu_ps(max, new);
-        let factor = rescale_factors(old, new);
-        _mm_storeu_ps(rescale, factor);
+        let (new, factor) = grow_max(block_max, max, rescale);
         let m = [
             _mm256_set1_ps(_mm_cvtss_f32(new)),
             _mm256_set1_ps(_mm_cvtss_f32(_mm_permute_ps::<0x55>(new))),

@@ -487,13 +487,7 @@ unsafe fn dim_major_avx512<const E: u8>(
                 g += 1;
             }
         }
-        // A loop, not `map`: a closure would not inherit the features.
-        let mut halves = [_mm256_setzero_ps(); 4];
-        for (h, v) in halves.iter_mut().zip(vmax) {
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            *h = _mm256_max_ps(_mm512_castps512_ps256(v), hi);
-        }
-        dim_major_weights(w, g, avx2::hmax4(halves), state);
+        dim_major_weights(w, g, vmax, state);
     }
 }
 
@@ -603,7 +597,11 @@ unsafe fn four_row_scores_softmax_avx512<const E: u8>(
         let vm = max_lanes(w, total, _mm512_broadcast_f32x4(old));
         let new = quarters::<MAX>(vm);
         _mm_storeu_ps(max, new);
-        let factor = rescale_factors(old, new);
+        // The old max's weight under the new one, exactly 1 where it held
+        // (as `softmax_rows_avx512` has it).
+        let e = _mm512_castps512_ps128(exp16(_mm512_zextps128_ps512(_mm_sub_ps(old, new))));
+        let factor =
+            _mm_mask_blend_ps(_mm_cmp_ps_mask::<_CMP_GT_OQ>(new, old), _mm_set1_ps(1.0), e);
         _mm_storeu_ps(rescale, factor);
         let vs = exp_shifted(w, total, _mm512_broadcast_f32x4(new));
         let total = quarters::<ADD>(vs);
@@ -642,35 +640,30 @@ unsafe fn scale_key_major_avx512(w: *mut f32, scales: *const f32, n: usize) {
     }
 }
 
-/// The old max's weight under the new one, exactly 1 where it held (as
-/// `softmax_rows_avx512` has it), per row.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vl")]
-fn rescale_factors(old: __m128, new: __m128) -> __m128 {
-    let e = _mm512_castps512_ps128(exp16(_mm512_zextps128_ps512(_mm_sub_ps(old, new))));
-    _mm_mask_blend_ps(_mm_cmp_ps_mask::<_CMP_GT_OQ>(new, old), _mm_set1_ps(1.0), e)
-}
-
-/// [`avx2::dim_major_weights`] sixteen keys at a time: the same `exp` per
-/// weight (to the bit) and the same key-major order, the rows' sums added
-/// in another order.
+/// [`avx2::dim_major_weights`] sixteen keys at a time, the rows' maxima
+/// the lanes of `vmax` (one vector per row): the same `exp` per weight (to
+/// the bit) and the same key-major order, the rows' sums added in another
+/// order.
 ///
 /// # Safety
-/// As [`avx2::dim_major_weights`]; AVX-512 F and VL are present.
-#[target_feature(enable = "avx512f,avx512vl")]
+/// As [`avx2::dim_major_weights`]; AVX-512 F and VL, AVX2 and FMA are
+/// present.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 pub(super) unsafe fn dim_major_weights(
     w: *mut f32,
     groups: usize,
-    block_max: __m128,
+    vmax: [__m512; 4],
     [max, sum, rescale]: [*mut f32; 3],
 ) {
     // SAFETY: the contract above.
     unsafe {
-        let old = _mm_loadu_ps(max);
-        let new = _mm_max_ps(old, block_max);
-        _mm_storeu_ps(max, new);
-        let factor = rescale_factors(old, new);
-        _mm_storeu_ps(rescale, factor);
+        let block_max = _mm_setr_ps(
+            _mm512_reduce_max_ps(vmax[0]),
+            _mm512_reduce_max_ps(vmax[1]),
+            _mm512_reduce_max_ps(vmax[2]),
+            _mm512_reduce_max_ps(vmax[3]),
+        );
+        let (new, factor) = avx2::grow_max(block_max, max, rescale);
         let m = [
             _mm512_broadcastss_ps(new),
             _mm512_broadcastss_ps(_mm_permute_ps::<0x55>(new)),

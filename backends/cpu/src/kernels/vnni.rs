@@ -28,7 +28,7 @@ use std::mem::MaybeUninit;
 
 use kvslice_core::KvDtype;
 
-use super::avx2::{self, Paired};
+use super::avx2::Paired;
 use super::avx512::{self, mask};
 use super::{Int8Queries, Int8QueryKernels, Kernels, MAX_INT8_QUERY_DIMS, SoftmaxState, shapes};
 
@@ -537,11 +537,6 @@ unsafe fn scores_bytes(
                 g += 1;
             }
         }
-        let mut halves = [_mm256_setzero_ps(); 4];
-        for (h, v) in halves.iter_mut().zip(vmax) {
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            *h = _mm256_max_ps(_mm512_castps512_ps256(v), hi);
-        }
-        avx512::dim_major_weights(w, g, avx2::hmax4(halves), state);
+        avx512::dim_major_weights(w, g, vmax, state);
     }
 }
