@@ -784,6 +784,19 @@ mod tests {
         }
     }
 
+    /// Whether `set`'s four-row weighted sum rounds int8 weights to 16
+    /// bits (the VNNI set's).
+    #[cfg(target_arch = "x86_64")]
+    fn rounds_int8_weights(set: &Kernels) -> bool {
+        vnni::rounds_int8_weights(set)
+    }
+
+    /// No set outside x86-64 rounds them.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn rounds_int8_weights(_: &Kernels) -> bool {
+        false
+    }
+
     /// The sets this CPU runs that have four-row kernels (none says so).
     fn four_row_sets() -> Vec<Kernels> {
         let sets: Vec<Kernels> = all()
@@ -860,7 +873,7 @@ mod tests {
                             if max[2] == max0[2] {
                                 assert_eq!(frescale[2], 1.0, "{case}");
                             }
-                            if dtype == KvDtype::I8 && vnni::rounds_int8_weights(&k) {
+                            if dtype == KvDtype::I8 && rounds_int8_weights(&k) {
                                 // Weights rounded to 16 bits against each
                                 // row's largest: each off by at most half
                                 // of 1/65535 of it, times a code of at
