@@ -528,8 +528,9 @@ struct HeadWork {
     k_scales: Option<std::ops::Range<usize>>,
     v_scales: Option<std::ops::Range<usize>>,
     /// Its query rows rounded to int8, once for every span, where the
-    /// engine scores int8 keys against them.
-    int8: Option<Int8Queries>,
+    /// engine scores int8 keys against them (boxed: 2 KiB that every
+    /// other task would carry empty).
+    int8: Option<Box<Int8Queries>>,
 }
 
 impl CpuEngine {
@@ -614,7 +615,7 @@ impl CpuEngine {
                 v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
                 k_scales: layout.scale_region(KvPart::K, shape.layer_in_group, kv_head)?,
                 v_scales: layout.scale_region(KvPart::V, shape.layer_in_group, kv_head)?,
-                int8: int8_queries.and_then(|iq| (iq.round)(&q[first_row..])),
+                int8: int8_queries.and_then(|iq| (iq.round)(&q[first_row..]).map(Box::new)),
             });
         }
         // Rows that see every key of several small blocks take them as one
@@ -786,7 +787,7 @@ impl CpuEngine {
                     &q[h.q.clone()],
                     &mut h.part,
                     &keys,
-                    h.int8.as_ref(),
+                    h.int8.as_deref(),
                     scratch,
                 );
             }
