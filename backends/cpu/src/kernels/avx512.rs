@@ -691,14 +691,9 @@ pub(super) unsafe fn dim_major_weights(
                 _mm512_shuffle_ps::<0x44>(t2, t3),
                 _mm512_shuffle_ps::<0xEE>(t2, t3),
             ];
-            let u0 = _mm512_shuffle_f32x4::<0x44>(k[0], k[1]);
-            let u1 = _mm512_shuffle_f32x4::<0x44>(k[2], k[3]);
-            let u2 = _mm512_shuffle_f32x4::<0xEE>(k[0], k[1]);
-            let u3 = _mm512_shuffle_f32x4::<0xEE>(k[2], k[3]);
-            _mm512_storeu_ps(at, _mm512_shuffle_f32x4::<0x88>(u0, u1));
-            _mm512_storeu_ps(at.add(16), _mm512_shuffle_f32x4::<0xDD>(u0, u1));
-            _mm512_storeu_ps(at.add(32), _mm512_shuffle_f32x4::<0x88>(u2, u3));
-            _mm512_storeu_ps(at.add(48), _mm512_shuffle_f32x4::<0xDD>(u2, u3));
+            for (l, keys) in transpose_quarters(k).into_iter().enumerate() {
+                _mm512_storeu_ps(at.add(16 * l), keys);
+            }
         }
         let total = _mm_setr_ps(
             _mm512_reduce_add_ps(sums[0]),
@@ -710,8 +705,25 @@ pub(super) unsafe fn dim_major_weights(
     }
 }
 
+/// The 4 × 4 transpose of four vectors' 128-bit quarters: quarter `l` of
+/// result `c` is quarter `c` of `x[l]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn transpose_quarters(x: [__m512; 4]) -> [__m512; 4] {
+    let t0 = _mm512_shuffle_f32x4::<0x44>(x[0], x[1]);
+    let t1 = _mm512_shuffle_f32x4::<0x44>(x[2], x[3]);
+    let t2 = _mm512_shuffle_f32x4::<0xEE>(x[0], x[1]);
+    let t3 = _mm512_shuffle_f32x4::<0xEE>(x[2], x[3]);
+    [
+        _mm512_shuffle_f32x4::<0x88>(t0, t1),
+        _mm512_shuffle_f32x4::<0xDD>(t0, t1),
+        _mm512_shuffle_f32x4::<0x88>(t2, t3),
+        _mm512_shuffle_f32x4::<0xDD>(t2, t3),
+    ]
+}
+
 /// [`quarters`]' lane-wise operations.
-const MAX: u8 = 0;
+pub(super) const MAX: u8 = 0;
 const ADD: u8 = 1;
 
 /// The four 128-bit quarters of `v` combined lane-wise by `OP` ([`MAX`] or
@@ -720,7 +732,7 @@ const ADD: u8 = 1;
 /// here (see [`row_sums`]).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn quarters<const OP: u8>(v: __m512) -> __m128 {
+pub(super) fn quarters<const OP: u8>(v: __m512) -> __m128 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn op<const OP: u8>(a: __m128, b: __m128) -> __m128 {

@@ -134,13 +134,9 @@ unsafe fn row_maxima(w: *const f32, n: usize) -> Option<[f32; 4]> {
         max = _mm512_max_ps(max, x);
         at += 16;
     }
-    let mut lanes = [0f32; 16];
-    // SAFETY: 16 f32.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), max) };
     let mut rows = [0f32; 4];
-    for (l, x) in lanes.iter().enumerate() {
-        rows[l % 4] = rows[l % 4].max(*x);
-    }
+    // SAFETY: four f32.
+    unsafe { _mm_storeu_ps(rows.as_mut_ptr(), avx512::quarters::<{ avx512::MAX }>(max)) };
     (bad == 0).then_some(rows)
 }
 
@@ -336,18 +332,8 @@ unsafe fn add_sums(acc: *mut f32, [hi, lo]: [[__m512i; 4]; 2], unit: f32) {
             _mm512_cvtepi32_ps(lo[c]),
         );
     }
-    let t0 = _mm512_shuffle_f32x4::<0x44>(f[0], f[1]);
-    let t1 = _mm512_shuffle_f32x4::<0x44>(f[2], f[3]);
-    let t2 = _mm512_shuffle_f32x4::<0xEE>(f[0], f[1]);
-    let t3 = _mm512_shuffle_f32x4::<0xEE>(f[2], f[3]);
-    let dims = [
-        _mm512_shuffle_f32x4::<0x88>(t0, t1),
-        _mm512_shuffle_f32x4::<0xDD>(t0, t1),
-        _mm512_shuffle_f32x4::<0x88>(t2, t3),
-        _mm512_shuffle_f32x4::<0xDD>(t2, t3),
-    ];
     let u = _mm512_set1_ps(unit);
-    for (m, x) in dims.into_iter().enumerate() {
+    for (m, x) in avx512::transpose_quarters(f).into_iter().enumerate() {
         // SAFETY: 16 f32 at `16·m < 64`.
         unsafe {
             let a = acc.add(16 * m);
