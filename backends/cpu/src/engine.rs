@@ -72,6 +72,8 @@ pub struct CpuEngine {
     /// Int8 keys scored against queries rounded to int8, where the
     /// kernels can.
     int8_queries: bool,
+    /// Decode's query rows in groups of four for the four-row kernels.
+    row_groups: bool,
 }
 
 impl Default for CpuEngine {
@@ -91,6 +93,7 @@ impl CpuEngine {
             span_keys: SPAN_KEYS,
             tile_rows: TILE_ROWS,
             int8_queries: false,
+            row_groups: true,
         }
     }
 
@@ -246,7 +249,8 @@ impl CpuEngine {
     /// integer dot products, where the kernel set has them
     /// ([`crate::FourRowKernels::int8_queries`]:
     /// AVX-512 VNNI and VBMI) and the pages suit them: int8 keys stored
-    /// dim-major, four query rows per kv head (GQA decode), whole blocks
+    /// dim-major, decode (query rows four at a time, see
+    /// [`Self::with_row_groups`]) or four query rows per kv head, whole blocks
     /// of a multiple of 16 keys (a partial last block keeps f32 queries).
     /// Elsewhere it changes nothing ([`Self::int8_queries`] says which).
     /// Scoring is the larger part of int8 decode's arithmetic, so this
@@ -274,6 +278,40 @@ impl CpuEngine {
     /// ```
     pub fn with_int8_queries(mut self, on: bool) -> Self {
         self.int8_queries = on;
+        self
+    }
+
+    /// Whether decode takes a kv head's query rows four at a time through
+    /// the four-row kernels whatever their number (the default), padding
+    /// the last group with copies of its last row, or (`false`) as one
+    /// group of rows: the four-row kernels for exactly four, one widening
+    /// of each span for more, the kernels of one to three rows for fewer.
+    /// The groups make decode with 1, 2, 3, 6 or 8 query heads per kv head
+    /// about as fast per kv head as with 4 (docs/BENCHMARKS.md); `false`
+    /// is there to measure that. Sets without four-row kernels (scalar)
+    /// keep the rows together either way; the results agree to rounding.
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// // GQA 3 decode (SmolLM2's shape: 9 query heads, 3 kv heads).
+    /// let layout = KvLayout::new(LayoutSpec::new(1, 9, 3, 64, 16, KvDtype::F16))?;
+    /// let mut rng = Rng::new(4);
+    /// let sc = Scenario::random(layout, &[(400, 1), (33, 1)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let batch = AttentionBatch::new(0, 0, &seqs, &q, 0.125);
+    /// let (mut grouped, mut together) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+    /// CpuEngine::new().attend(&sc.pages, &batch, &mut grouped)?;
+    /// CpuEngine::new().with_row_groups(false).attend(&sc.pages, &batch, &mut together)?;
+    /// assert!(max_rel_err(&grouped, &sc.naive_f64(0, 0, &q, 0.125)?) < 1e-3);
+    /// assert!(max_rel_err(&grouped, &together.iter().map(|&x| x as f64).collect::<Vec<_>>()) < 1e-3);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_row_groups(mut self, on: bool) -> Self {
+        self.row_groups = on;
         self
     }
 
@@ -335,6 +373,19 @@ impl Partials {
         }
     }
 
+    /// A kv head's `rows` rows from its groups of four (see
+    /// [`CpuEngine::row_groups`]), the padding dropped.
+    fn from_groups(groups: impl Iterator<Item = Partials>, rows: usize, hd: usize) -> Self {
+        let mut whole = Partials::new(rows, hd);
+        for (g, part) in groups.enumerate() {
+            let (from, to) = (4 * g, (4 * g + 4).min(rows));
+            whole.max[from..to].copy_from_slice(&part.max[..to - from]);
+            whole.sum[from..to].copy_from_slice(&part.sum[..to - from]);
+            whole.acc[from * hd..to * hd].copy_from_slice(&part.acc[..(to - from) * hd]);
+        }
+        whole
+    }
+
     /// Folds `other` in, row by row (log-sum-exp merge).
     fn merge(&mut self, other: &Partials, hd: usize, k: &Kernels) {
         for r in 0..self.max.len() {
@@ -375,7 +426,10 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             // head's 4 KiB of each per page (docs/notes/cpu-decode.md). Longer
             // row sets keep one head per task, as their rows and
             // accumulators for every head at once would not stay in cache.
-            let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS {
+            let hd = shape.layout.head_dim() as usize;
+            let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS
+                || self.row_groups(hd, ratio, s.q_len).is_some()
+            {
                 kv_heads
             } else {
                 1
@@ -582,7 +636,12 @@ impl CpuEngine {
         let ratio = layout.gqa_ratio() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
         let seq = &t.view;
-        let rows = ratio * seq.q_len;
+        // Rows per HeadWork, and of those, rows per query token.
+        let groups = self.row_groups(hd, ratio, seq.q_len);
+        let (rows, per_token) = match groups {
+            Some(_) => (4, 4),
+            None => (ratio * seq.q_len, ratio),
+        };
         let mut heads = Vec::with_capacity(t.heads as usize);
         // Taken out of the scratch so that the blocks can borrow both.
         let mut q = std::mem::take(&mut scratch.q);
@@ -600,23 +659,30 @@ impl CpuEngine {
                     && layout.key_order() == KeyOrder::DimMajor
             });
         for kv_head in t.kv_head..t.kv_head + t.heads {
-            // Token-major puts the rows a causal block can see in one suffix.
-            let first_row = q.len();
-            for r in 0..rows {
-                let (tok, g) = (r / ratio, r % ratio);
-                let at = (t.q_base + tok) * row + (kv_head as usize * ratio + g) * hd;
-                q.extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
+            for group in 0..groups.unwrap_or(1) {
+                // Token-major puts the rows a causal block can see in one
+                // suffix. A group's rows are query heads `4·group..` of
+                // the one token, the last one repeated past `ratio`.
+                let first_row = q.len();
+                for r in 0..rows {
+                    let (tok, g) = match groups {
+                        Some(_) => (0, (4 * group + r).min(ratio - 1)),
+                        None => (r / ratio, r % ratio),
+                    };
+                    let at = (t.q_base + tok) * row + (kv_head as usize * ratio + g) * hd;
+                    q.extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
+                }
+                let bytes = |r: std::ops::Range<usize>| r.start * es..r.end * es;
+                heads.push(HeadWork {
+                    q: first_row..q.len(),
+                    part: Partials::new(rows, hd),
+                    k: bytes(layout.head_region(KvPart::K, shape.layer_in_group, kv_head)?),
+                    v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
+                    k_scales: layout.scale_region(KvPart::K, shape.layer_in_group, kv_head)?,
+                    v_scales: layout.scale_region(KvPart::V, shape.layer_in_group, kv_head)?,
+                    int8: int8_queries.and_then(|iq| (iq.round)(&q[first_row..]).map(Box::new)),
+                });
             }
-            let bytes = |r: std::ops::Range<usize>| r.start * es..r.end * es;
-            heads.push(HeadWork {
-                q: first_row..q.len(),
-                part: Partials::new(rows, hd),
-                k: bytes(layout.head_region(KvPart::K, shape.layer_in_group, kv_head)?),
-                v: bytes(layout.head_region(KvPart::V, shape.layer_in_group, kv_head)?),
-                k_scales: layout.scale_region(KvPart::K, shape.layer_in_group, kv_head)?,
-                v_scales: layout.scale_region(KvPart::V, shape.layer_in_group, kv_head)?,
-                int8: int8_queries.and_then(|iq| (iq.round)(&q[first_row..]).map(Box::new)),
-            });
         }
         // Rows that see every key of several small blocks take them as one
         // span of up to `span_keys` keys (one kernel call per head for the
@@ -681,6 +747,20 @@ impl CpuEngine {
             (Some(first), Some(last)) => first.start.min(last.start)..first.end.max(last.end),
             _ => 0..0,
         };
+        // Each head's next region of K and of V that differs from its own
+        // (a kv head's row groups share theirs): what it prefetches.
+        let next_region = |part: fn(&HeadWork) -> &std::ops::Range<usize>| {
+            (0..heads.len())
+                .map(|i| {
+                    heads[i + 1..]
+                        .iter()
+                        .map(part)
+                        .find(|r| *r != part(&heads[i]))
+                        .cloned()
+                })
+                .collect::<Vec<_>>()
+        };
+        let (next_k, next_v) = (next_region(|h| &h.k), next_region(|h| &h.v));
         let mut pos = t.start;
         let mut end = span_end(pos);
         let mut span = span_pages(pos, end)?;
@@ -713,7 +793,7 @@ impl CpuEngine {
             // last token sees every key, so some row always sees it).
             let first_tok = (pos + seq.q_len).saturating_sub(seq.kv_len);
             debug_assert!(first_tok < seq.q_len, "a span no row sees");
-            let first = first_tok * ratio;
+            let first = first_tok * per_token;
             // Each block's keys of the span, within a head's region `r`.
             let cut = |r: &std::ops::Range<usize>| {
                 let mut segs = Regions::default();
@@ -761,14 +841,16 @@ impl CpuEngine {
             // that the four-row kernels pair each with the segment they
             // compute in the same page.
             for i in 0..heads.len() {
-                let ahead = heads.get(i + 1).map_or(&first_v, |h| &h.k);
+                let ahead = next_k[i].as_ref().unwrap_or(&first_v);
                 let segs = if dim_major {
                     whole(&span, &heads[i].k)
                 } else {
                     cut(&heads[i].k)
                 };
                 let ahead = whole(&span, ahead);
-                fill_scales(&heads[i].k_scales, &mut scales);
+                if i == 0 || heads[i].k_scales != heads[i - 1].k_scales {
+                    fill_scales(&heads[i].k_scales, &mut scales);
+                }
                 let h = &mut heads[i];
                 let keys = Block {
                     segs: segs.as_slice(),
@@ -778,6 +860,7 @@ impl CpuEngine {
                     pos,
                     n,
                     first,
+                    per_token,
                     dim_major: dim_major.then_some(bt),
                 };
                 self.score_block(
@@ -792,13 +875,15 @@ impl CpuEngine {
                 );
             }
             for i in 0..heads.len() {
-                let ahead = match (heads.get(i + 1), &next) {
-                    (Some(h), _) => whole(&span, &h.v),
+                let ahead = match (&next_v[i], &next) {
+                    (Some(v), _) => whole(&span, v),
                     (None, Some(ns)) => whole(ns, &first_k),
                     (None, None) => Regions::default(),
                 };
                 let segs = cut(&heads[i].v);
-                fill_scales(&heads[i].v_scales, &mut scales);
+                if i == 0 || heads[i].v_scales != heads[i - 1].v_scales {
+                    fill_scales(&heads[i].v_scales, &mut scales);
+                }
                 let h = &mut heads[i];
                 let values = Block {
                     segs: segs.as_slice(),
@@ -808,6 +893,7 @@ impl CpuEngine {
                     pos,
                     n,
                     first,
+                    per_token,
                     dim_major: None,
                 };
                 self.value_block(layout, &mut h.part, &values, scratch);
@@ -820,7 +906,30 @@ impl CpuEngine {
         }
         scratch.q = q;
         scratch.scales = scales;
-        Ok(heads.into_iter().map(|h| h.part).collect())
+        let parts = heads.into_iter().map(|h| h.part);
+        Ok(match groups {
+            Some(g) if (g, ratio) != (1, 4) => {
+                let mut parts = parts.peekable();
+                let mut whole = Vec::with_capacity(t.heads as usize);
+                while parts.peek().is_some() {
+                    whole.push(Partials::from_groups(parts.by_ref().take(g), ratio, hd));
+                }
+                whole
+            }
+            _ => parts.collect(),
+        })
+    }
+
+    /// Decode's query rows of a kv head in groups of four, the last one
+    /// padded with copies of its last row, where the four-row kernels take
+    /// heads of `hd` elements: how many groups for `ratio` rows, or `None`
+    /// to keep the rows (`ratio` × `q_len`) together. Below four rows the
+    /// copies cost arithmetic that streaming hides; above, two passes over
+    /// keys the first pass left in cache beat widening them for all rows
+    /// (docs/notes/cpu-decode.md, "Any group size").
+    fn row_groups(&self, hd: usize, ratio: usize, q_len: usize) -> Option<usize> {
+        (self.row_groups && q_len == 1 && self.four_row_kernels(hd).is_some())
+            .then(|| ratio.div_ceil(4))
     }
 
     /// The four-row kernels, where this set has them and a head of `hd`
@@ -853,7 +962,7 @@ impl CpuEngine {
     ) {
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
-        let ratio = layout.gqa_ratio() as usize;
+        let ratio = keys.per_token;
         let (rows, n, pos, first) = (part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
         let Scratch {
@@ -1110,6 +1219,8 @@ struct Block<'a> {
     n: usize,
     /// The first of the task's rows (token-major) that sees any of it.
     first: usize,
+    /// Query rows per token in the head's rows.
+    per_token: usize,
     /// For dim-major keys, the block length: each segment is then a whole
     /// block, of which the span takes keys `pos..pos + n`.
     dim_major: Option<usize>,

@@ -118,6 +118,73 @@ fn short_query_runs_over_every_head_agree() {
     }
 }
 
+/// Decode with any number of query heads per kv head goes through the
+/// four-row kernels in groups of four, the last group padded: every group
+/// size from 1 to 9, every kernel set, dtype and key order, with and
+/// without a window, long enough for spans of several blocks, split into
+/// chunks and not, agrees with the f64 oracle.
+#[test]
+fn decode_of_every_group_size_agrees() {
+    use kvslice_core::testkit::{all_close, tolerance};
+    let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
+    let wanted = |k: &Kernels| required.as_deref().is_none_or(|r| r == k.name);
+    let mut rng = Rng::new(23);
+    let mut checks = 0;
+    for k in Kernels::supported().into_iter().filter(wanted) {
+        let engines = [
+            CpuEngine::new().with_kernels(k),
+            CpuEngine::new()
+                .with_kernels(k)
+                .with_threads(3)
+                .with_chunk_pages(2),
+            CpuEngine::new()
+                .with_kernels(k)
+                .with_int8_queries(true),
+        ];
+        for ratio in 1..=9u32 {
+            for dtype in KvDtype::ALL {
+                for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
+                    let spec =
+                        LayoutSpec::new(1, 2 * ratio, 2, 32, 16, dtype).with_key_order(order);
+                    let layout = KvLayout::new(spec).unwrap();
+                    let sc =
+                        Scenario::random(layout, &[(300, 1), (37, 1), (5, 1)], &mut rng).unwrap();
+                    let q = sc.random_queries(0, &mut rng).unwrap();
+                    for window in [None, Some(40)] {
+                        let tables = sc.placeholder_tables(0, 0, window).unwrap();
+                        let table = sc.seq_attention_over(&tables);
+                        let mut batch = AttentionBatch::new(0, 0, &table, &q, 0.17);
+                        batch.window = window;
+                        let want = sc.naive_f64_window(0, 0, &q, 0.17, window).unwrap();
+                        let (atol, rtol) = tolerance(dtype);
+                        for engine in &engines {
+                            // int8 queries round the queries: their own
+                            // test holds them to their rounding.
+                            if engine.int8_queries() && dtype == KvDtype::I8 {
+                                continue;
+                            }
+                            let mut out = vec![f32::NAN; q.len()];
+                            engine.attend(&sc.pages, &batch, &mut out).unwrap();
+                            let case = format!(
+                                "{} GQA {ratio} {dtype:?} {order:?} window {window:?}: {engine:?}",
+                                k.name
+                            );
+                            if dtype == KvDtype::F32 {
+                                let err = max_rel_err(&out, &want);
+                                assert!(err <= 1e-5, "{case}: {err:e}");
+                            } else {
+                                assert!(all_close(&out, &want, atol, rtol), "{case}");
+                            }
+                            checks += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checks > 100, "{checks} checks");
+}
+
 /// Four rows that see whole blocks (GQA 4 decode; four query tokens of
 /// one head, two of GQA 2) take small blocks in spans: spans of every
 /// length the block sizes allow (up to the eight-block cap, and single
