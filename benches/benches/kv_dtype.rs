@@ -15,7 +15,11 @@
 //! ```sh
 //! cargo bench -p kvslice-benches --bench kv_dtype
 //! KVSLICE_BENCH_ROUNDS=11 cargo bench -p kvslice-benches --bench kv_dtype
+//! KVSLICE_BENCH_KERNELS=avx2+fma+f16c cargo bench -p kvslice-benches --bench kv_dtype
 //! ```
+//!
+//! `KVSLICE_BENCH_KERNELS` names one of `Kernels::supported()` (the first,
+//! the engine's own, by default): an AVX-512 host measures AVX2's set.
 
 use std::hint::black_box;
 use std::io::Write;
@@ -27,7 +31,7 @@ use kvslice_benches::decode_workload::{
 use kvslice_benches::read_loop::stream_read;
 use kvslice_core::testkit::{Rng, max_rel_err};
 use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, PageGeometry};
-use kvslice_cpu::CpuEngine;
+use kvslice_cpu::{CpuEngine, Kernels};
 
 /// Calls per timing, averaged.
 const REPS: u32 = 3;
@@ -53,7 +57,18 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(7)
         .max(1);
-    let engine = CpuEngine::new();
+    let engine = match std::env::var("KVSLICE_BENCH_KERNELS") {
+        Ok(name) => {
+            let all = Kernels::supported();
+            let Some(k) = all.iter().find(|k| k.name == name) else {
+                let names: Vec<_> = all.iter().map(|k| k.name).collect();
+                eprintln!("KVSLICE_BENCH_KERNELS={name}: this CPU runs {names:?}");
+                std::process::exit(2);
+            };
+            CpuEngine::new().with_kernels(*k)
+        }
+        Err(_) => CpuEngine::new(),
+    };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "kv_dtype: kvslice-cpu kernels {}, {threads} threads, {rounds} rounds of {REPS} calls",

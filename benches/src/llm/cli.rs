@@ -18,10 +18,13 @@ use crate::parse_kv_dtype;
 /// An attention engine for host pages, chosen by name.
 pub type DynEngine = dyn for<'v> AttentionEngine<PageView<'v>>;
 
-/// `reference`, `cpu` or `wgpu` (on the first adapter wgpu finds).
+/// `reference`, `cpu`, `cpu-rows-together` (the CPU engine with decode's
+/// query rows of a kv head as one group: `CpuEngine::with_row_groups`, to
+/// measure the groups) or `wgpu` (on the first adapter wgpu finds).
 pub fn engine(name: &str) -> Result<Box<DynEngine>, String> {
     Ok(match name {
         "cpu" => Box::new(kvslice_cpu::CpuEngine::new()),
+        "cpu-rows-together" => Box::new(kvslice_cpu::CpuEngine::new().with_row_groups(false)),
         "reference" => Box::new(kvslice_core::ReferenceEngine),
         #[cfg(feature = "wgpu")]
         "wgpu" => {
@@ -31,7 +34,7 @@ pub fn engine(name: &str) -> Result<Box<DynEngine>, String> {
         }
         other => {
             return Err(format!(
-                "unknown engine {other:?}; known: cpu, reference, wgpu"
+                "unknown engine {other:?}; known: cpu, cpu-rows-together, reference, wgpu"
             ));
         }
     })
@@ -44,7 +47,8 @@ pub struct ModelArgs {
     /// benches/scripts/fetch-model.sh puts SmolLM2-135M-Instruct).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Attention engine: cpu, reference or wgpu.
+    /// Attention engine: cpu, cpu-rows-together (decode's query rows as
+    /// one group, to measure the CPU engine's row groups), reference or wgpu.
     #[arg(long, default_value = "cpu")]
     pub engine: String,
     /// Storage dtype of K/V pages: f16, bf16, f32, int8 or fp8-e4m3 (8-bit

@@ -55,8 +55,9 @@ pub struct DtypeAccuracy {
 /// against its largest magnitude before `inner` sees it, as
 /// `CpuEngine::with_int8_queries` rounds them for its int8 kernels (which
 /// then give the attention of the rounded queries to about 2e-5): the
-/// accuracy cost of int8 queries, on any engine and any GQA ratio (the
-/// kernels take four query heads per kv head; SmolLM2-135M has three).
+/// accuracy cost of int8 queries, on any engine and any step: the
+/// kernels take decode's rows (AVX-512 VNNI and VBMI only), while scoring
+/// a text runs it through prefill, which keeps f32 queries in the engine.
 ///
 /// ```
 /// use kvslice_benches::llm::kv_accuracy::RoundedQueries;
