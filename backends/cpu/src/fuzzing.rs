@@ -235,5 +235,29 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
             assert_eq!(out, base, "int8 queries where nothing takes them");
         }
     }
+    // And last: the first case's batch with decode's query rows as one
+    // group (`with_row_groups(false)`), the path the groups replaced,
+    // against the oracle.
+    if u.arbitrary::<bool>().unwrap_or(false) {
+        let table = sc.seq_attention(layer, shard).expect("in range");
+        let batch = AttentionBatch::new(layer, shard, &table, &finite_q, scale);
+        let want = sc
+            .naive_f64(layer, shard, &finite_q, scale)
+            .expect("in range");
+        engine
+            .clone()
+            .with_row_groups(false)
+            .attend(&sc.pages, &batch, &mut out)
+            .expect("valid batch");
+        let (atol, rtol) = match dtype {
+            KvDtype::F32 => (1e-6, 1e-5),
+            _ => tolerance(dtype),
+        };
+        assert!(
+            all_close(&out, &want, atol, rtol),
+            "rows together: max relative error {:e}",
+            max_rel_err(&out, &want)
+        );
+    }
     rerun
 }
