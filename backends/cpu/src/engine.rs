@@ -281,15 +281,18 @@ impl CpuEngine {
         self
     }
 
-    /// Whether decode takes a kv head's query rows four at a time through
-    /// the four-row kernels whatever their number (the default), padding
-    /// the last group with copies of its last row, or (`false`) as one
-    /// group of rows: the four-row kernels for exactly four, one widening
-    /// of each span for more, the kernels of one to three rows for fewer.
-    /// The groups make decode with 1, 2, 3, 6 or 8 query heads per kv head
-    /// about as fast per kv head as with 4 (docs/BENCHMARKS.md); `false`
-    /// is there to measure that. Sets without four-row kernels (scalar)
-    /// keep the rows together either way; the results agree to rounding.
+    /// Whether a kv head's few query rows (decode, and runs of query
+    /// tokens up to 64 rows, as speculative decoding verifies) go four at
+    /// a time through the four-row kernels whatever their number (the
+    /// default), the last group padded with copies of its last row, or
+    /// (`false`) as one group of rows: the four-row kernels for exactly
+    /// four, one widening of each span for more, the kernels of one to
+    /// three rows for fewer. The groups make decode with 1, 2, 3, 6 or 8
+    /// query heads per kv head 2.0-2.4x faster than together, and a step
+    /// of 2 to 8 tokens at 4 per kv head 1.5-2.3x (docs/BENCHMARKS.md);
+    /// `false` is there to measure that. Sets without four-row kernels
+    /// (scalar) keep the rows together either way; the results agree to
+    /// rounding.
     ///
     /// ```
     /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
@@ -426,17 +429,18 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
             // head's 4 KiB of each per page (docs/notes/cpu-decode.md). Longer
             // row sets keep one head per task, as their rows and
             // accumulators for every head at once would not stay in cache.
+            let tile_tokens = match self.tile_rows {
+                0 => s.q_len,
+                rows => (rows / ratio).max(1),
+            };
             let hd = shape.layout.head_dim() as usize;
-            let heads = if s.q_len * ratio <= StoredKernels::MAX_ROWS
-                || self.row_groups(hd, ratio, s.q_len).is_some()
+            let tile_q = tile_tokens.min(s.q_len);
+            let heads = if tile_q * ratio <= StoredKernels::MAX_ROWS
+                || self.row_groups(hd, ratio * tile_q).is_some()
             {
                 kv_heads
             } else {
                 1
-            };
-            let tile_tokens = match self.tile_rows {
-                0 => s.q_len,
-                rows => (rows / ratio).max(1),
             };
             for tile in (0..s.q_len).step_by(tile_tokens) {
                 let upto = (tile + tile_tokens).min(s.q_len);
@@ -574,6 +578,8 @@ struct Scratch {
 /// head in group, pre-scaled) sit in [`Scratch::q`], its softmax state, and
 /// where its K and V sit in a page (bytes).
 struct HeadWork {
+    /// Where its rows start among its kv head's rows (a row group's).
+    row0: usize,
     q: std::ops::Range<usize>,
     part: Partials,
     k: std::ops::Range<usize>,
@@ -636,12 +642,10 @@ impl CpuEngine {
         let ratio = layout.gqa_ratio() as usize;
         let row = shape.shard.num_q_heads() as usize * hd;
         let seq = &t.view;
-        // Rows per HeadWork, and of those, rows per query token.
-        let groups = self.row_groups(hd, ratio, seq.q_len);
-        let (rows, per_token) = match groups {
-            Some(_) => (4, 4),
-            None => (ratio * seq.q_len, ratio),
-        };
+        // A kv head's rows (token-major), and how many a HeadWork holds.
+        let kv_rows = ratio * seq.q_len;
+        let groups = self.row_groups(hd, kv_rows);
+        let rows = if groups.is_some() { 4 } else { kv_rows };
         let mut heads = Vec::with_capacity(t.heads as usize);
         // Taken out of the scratch so that the blocks can borrow both.
         let mut q = std::mem::take(&mut scratch.q);
@@ -661,19 +665,18 @@ impl CpuEngine {
         for kv_head in t.kv_head..t.kv_head + t.heads {
             for group in 0..groups.unwrap_or(1) {
                 // Token-major puts the rows a causal block can see in one
-                // suffix. A group's rows are query heads `4·group..` of
-                // the one token, the last one repeated past `ratio`.
+                // suffix. A group holds the kv head's rows `4·group..`,
+                // its last row repeated past the end.
                 let first_row = q.len();
                 for r in 0..rows {
-                    let (tok, g) = match groups {
-                        Some(_) => (0, (4 * group + r).min(ratio - 1)),
-                        None => (r / ratio, r % ratio),
-                    };
+                    let k = (4 * group + r).min(kv_rows - 1);
+                    let (tok, g) = (k / ratio, k % ratio);
                     let at = (t.q_base + tok) * row + (kv_head as usize * ratio + g) * hd;
                     q.extend(batch.queries[at..at + hd].iter().map(|x| x * batch.scale));
                 }
                 let bytes = |r: std::ops::Range<usize>| r.start * es..r.end * es;
                 heads.push(HeadWork {
+                    row0: 4 * group,
                     q: first_row..q.len(),
                     part: Partials::new(rows, hd),
                     k: bytes(layout.head_region(KvPart::K, shape.layer_in_group, kv_head)?),
@@ -793,7 +796,10 @@ impl CpuEngine {
             // last token sees every key, so some row always sees it).
             let first_tok = (pos + seq.q_len).saturating_sub(seq.kv_len);
             debug_assert!(first_tok < seq.q_len, "a span no row sees");
-            let first = first_tok * per_token;
+            // The first of a kv head's rows that sees the span; a head
+            // whose rows come before it all sits the span out.
+            let first_row = first_tok * ratio;
+            let first_of = |h: &HeadWork| first_row.saturating_sub(h.row0);
             // Each block's keys of the span, within a head's region `r`.
             let cut = |r: &std::ops::Range<usize>| {
                 let mut segs = Regions::default();
@@ -840,7 +846,13 @@ impl CpuEngine {
             // head's V, the next span's first K, one region per page, so
             // that the four-row kernels pair each with the segment they
             // compute in the same page.
+            // The scale region `scales` holds (a kv head's groups share it).
+            let mut filled = None;
             for i in 0..heads.len() {
+                let first = first_of(&heads[i]);
+                if first >= rows {
+                    continue;
+                }
                 let ahead = next_k[i].as_ref().unwrap_or(&first_v);
                 let segs = if dim_major {
                     whole(&span, &heads[i].k)
@@ -848,8 +860,9 @@ impl CpuEngine {
                     cut(&heads[i].k)
                 };
                 let ahead = whole(&span, ahead);
-                if i == 0 || heads[i].k_scales != heads[i - 1].k_scales {
+                if filled.as_ref() != Some(&heads[i].k_scales) {
                     fill_scales(&heads[i].k_scales, &mut scales);
+                    filled = Some(heads[i].k_scales.clone());
                 }
                 let h = &mut heads[i];
                 let keys = Block {
@@ -860,7 +873,8 @@ impl CpuEngine {
                     pos,
                     n,
                     first,
-                    per_token,
+                    row0: h.row0,
+                    kv_rows,
                     dim_major: dim_major.then_some(bt),
                 };
                 self.score_block(
@@ -874,15 +888,21 @@ impl CpuEngine {
                     scratch,
                 );
             }
+            let mut filled = None;
             for i in 0..heads.len() {
+                let first = first_of(&heads[i]);
+                if first >= rows {
+                    continue;
+                }
                 let ahead = match (&next_v[i], &next) {
                     (Some(v), _) => whole(&span, v),
                     (None, Some(ns)) => whole(ns, &first_k),
                     (None, None) => Regions::default(),
                 };
                 let segs = cut(&heads[i].v);
-                if i == 0 || heads[i].v_scales != heads[i - 1].v_scales {
+                if filled.as_ref() != Some(&heads[i].v_scales) {
                     fill_scales(&heads[i].v_scales, &mut scales);
+                    filled = Some(heads[i].v_scales.clone());
                 }
                 let h = &mut heads[i];
                 let values = Block {
@@ -893,7 +913,8 @@ impl CpuEngine {
                     pos,
                     n,
                     first,
-                    per_token,
+                    row0: h.row0,
+                    kv_rows,
                     dim_major: None,
                 };
                 self.value_block(layout, &mut h.part, &values, scratch);
@@ -908,11 +929,11 @@ impl CpuEngine {
         scratch.scales = scales;
         let parts = heads.into_iter().map(|h| h.part);
         Ok(match groups {
-            Some(g) if (g, ratio) != (1, 4) => {
+            Some(g) if kv_rows != 4 => {
                 let mut parts = parts.peekable();
                 let mut whole = Vec::with_capacity(t.heads as usize);
                 while parts.peek().is_some() {
-                    whole.push(Partials::from_groups(parts.by_ref().take(g), ratio, hd));
+                    whole.push(Partials::from_groups(parts.by_ref().take(g), kv_rows, hd));
                 }
                 whole
             }
@@ -920,16 +941,18 @@ impl CpuEngine {
         })
     }
 
-    /// Decode's query rows of a kv head in groups of four, the last one
-    /// padded with copies of its last row, where the four-row kernels take
-    /// heads of `hd` elements: how many groups for `ratio` rows, or `None`
-    /// to keep the rows (`ratio` × `q_len`) together. Below four rows the
-    /// copies cost arithmetic that streaming hides; above, two passes over
-    /// keys the first pass left in cache beat widening them for all rows
-    /// (docs/notes/cpu-decode.md, "Any group size").
-    fn row_groups(&self, hd: usize, ratio: usize, q_len: usize) -> Option<usize> {
-        (self.row_groups && q_len == 1 && self.four_row_kernels(hd).is_some())
-            .then(|| ratio.div_ceil(4))
+    /// A kv head's `kv_rows` query rows (token-major) in groups of four,
+    /// the last one padded with copies of its last row, where the four-row
+    /// kernels take heads of `hd` elements and the rows are few (decode,
+    /// and short runs of query tokens as speculative decoding verifies):
+    /// how many groups, or `None` to keep the rows together. Below four
+    /// rows the copies cost arithmetic that streaming hides; above, passes
+    /// over keys the first pass left in cache beat widening them for all
+    /// rows, up to [`MAX_GROUPED_ROWS`] (docs/notes/cpu-decode.md, "Any
+    /// group size").
+    fn row_groups(&self, hd: usize, kv_rows: usize) -> Option<usize> {
+        (self.row_groups && kv_rows <= MAX_GROUPED_ROWS && self.four_row_kernels(hd).is_some())
+            .then(|| kv_rows.div_ceil(4))
     }
 
     /// The four-row kernels, where this set has them and a head of `hd`
@@ -962,7 +985,7 @@ impl CpuEngine {
     ) {
         let hd = layout.head_dim() as usize;
         let dtype = layout.dtype();
-        let ratio = keys.per_token;
+        let ratio = layout.gqa_ratio() as usize;
         let (rows, n, pos, first) = (part.max.len(), keys.n, keys.pos, keys.first);
         let live = rows - first;
         let Scratch {
@@ -981,7 +1004,7 @@ impl CpuEngine {
         // that see all of it are consecutive (every row in decode).
         let rescale = &mut rescale[..live];
         let visible = |r: usize| {
-            let seen = seq.keys_seen(r / ratio, window);
+            let seen = seq.keys_seen(keys.kv_row(r) / ratio, window);
             seen.start.clamp(pos, pos + n) - pos..seen.end.clamp(pos, pos + n) - pos
         };
         let whole = |r: usize| visible(r) == (0..n);
@@ -1179,6 +1202,13 @@ const SPAN_BLOCKS: usize = 8;
 /// (docs/notes/cpu-decode.md).
 const SPAN_KEYS: usize = 64;
 
+/// Most query rows of a kv head that go through the four-row kernels in
+/// groups of four (`CpuEngine::row_groups`); more widen each span once for
+/// all rows. At 64 (16 tokens × 4 query heads per kv head, 8k context) the
+/// groups were still 1.23x faster, and the gain falls with the rows
+/// (docs/notes/cpu-decode.md).
+const MAX_GROUPED_ROWS: usize = 64;
+
 /// Query rows per tile of a long query: 256 rows of d = 128 are 128 KiB
 /// of queries and 128 KiB of accumulators, which stay in a 512 KiB L2
 /// while K and V pass.
@@ -1219,14 +1249,22 @@ struct Block<'a> {
     n: usize,
     /// The first of the task's rows (token-major) that sees any of it.
     first: usize,
-    /// Query rows per token in the head's rows.
-    per_token: usize,
+    /// Where the head's rows start among its kv head's rows.
+    row0: usize,
+    /// The kv head's rows (query tokens × query heads per kv head).
+    kv_rows: usize,
     /// For dim-major keys, the block length: each segment is then a whole
     /// block, of which the span takes keys `pos..pos + n`.
     dim_major: Option<usize>,
 }
 
 impl Block<'_> {
+    /// Row `r` of the head as a row of its kv head (a padding row repeats
+    /// the last one).
+    fn kv_row(&self, r: usize) -> usize {
+        (self.row0 + r).min(self.kv_rows - 1)
+    }
+
     /// This head's weights in [`Scratch::weights`] (of `rows` rows, slots
     /// of `slot_len`): the visible rows × the span's keys, at the start of
     /// the head's slot. The score and value phases both index through it,

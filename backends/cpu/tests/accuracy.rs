@@ -118,13 +118,15 @@ fn short_query_runs_over_every_head_agree() {
     }
 }
 
-/// Decode with any number of query heads per kv head goes through the
-/// four-row kernels in groups of four, the last group padded: every group
-/// size from 1 to 9, every kernel set, dtype and key order, with and
-/// without a window, long enough for spans of several blocks, split into
-/// chunks and not, agrees with the f64 oracle.
+/// Decode, and short runs of query tokens (as speculative decoding
+/// verifies), with any number of query heads per kv head go through the
+/// four-row kernels in groups of four rows, the last group padded: every
+/// group size from 1 to 9, runs of 1 to 9 tokens (rows past the grouping
+/// limit included), every kernel set, dtype and key order, with and
+/// without a window, split into chunks and tiles and not, agree with the
+/// f64 oracle.
 #[test]
-fn decode_of_every_group_size_agrees() {
+fn short_runs_of_every_group_size_agree() {
     use kvslice_core::testkit::{all_close, tolerance};
     let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
     let wanted = |k: &Kernels| required.as_deref().is_none_or(|r| r == k.name);
@@ -137,9 +139,8 @@ fn decode_of_every_group_size_agrees() {
                 .with_kernels(k)
                 .with_threads(3)
                 .with_chunk_pages(2),
-            CpuEngine::new()
-                .with_kernels(k)
-                .with_int8_queries(true),
+            CpuEngine::new().with_kernels(k).with_int8_queries(true),
+            CpuEngine::new().with_kernels(k).with_query_tile_rows(5),
         ];
         for ratio in 1..=9u32 {
             for dtype in KvDtype::ALL {
@@ -147,8 +148,12 @@ fn decode_of_every_group_size_agrees() {
                     let spec =
                         LayoutSpec::new(1, 2 * ratio, 2, 32, 16, dtype).with_key_order(order);
                     let layout = KvLayout::new(spec).unwrap();
-                    let sc =
-                        Scenario::random(layout, &[(300, 1), (37, 1), (5, 1)], &mut rng).unwrap();
+                    let seqs: &[(usize, usize)] = if ratio % 2 == 1 {
+                        &[(300, 1), (37, 1), (5, 1), (140, 9)]
+                    } else {
+                        &[(300, 2), (37, 3), (3, 3), (90, 1)]
+                    };
+                    let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
                     let q = sc.random_queries(0, &mut rng).unwrap();
                     for window in [None, Some(40)] {
                         let tables = sc.placeholder_tables(0, 0, window).unwrap();
