@@ -1,7 +1,9 @@
 //! Decode at every common GQA group size: the workload of `kv_dtype` (8 kv
 //! heads, head_dim 128, f16 K/V in 16-token pages, keys dim-major, batch
 //! 8, every core) with 8 to 64 query heads, i.e. 1 to 8 query heads per
-//! kv head. Each group size runs the CPU engine twice in the same rounds:
+//! kv head, one query token per sequence; and steps of 2, 4 and 8 query
+//! tokens per sequence (as speculative decoding verifies a draft) at 4
+//! query heads per kv head. Each case runs the CPU engine twice in the same rounds:
 //! with decode's rows in groups of four through the four-row kernels (the
 //! default) and with them together (`CpuEngine::with_row_groups(false)`,
 //! the engine before the groups), and the read loop over the same bytes.
@@ -33,8 +35,18 @@ use kvslice_cpu::CpuEngine;
 /// Calls per timing, averaged.
 const REPS: u32 = 3;
 
-/// Query heads per kv head measured.
-const GROUPS: [u32; 6] = [1, 2, 3, 4, 6, 8];
+/// (query heads per kv head, query tokens per sequence) measured.
+const CASES: [(u32, usize); 9] = [
+    (1, 1),
+    (2, 1),
+    (3, 1),
+    (4, 1),
+    (6, 1),
+    (8, 1),
+    (4, 2),
+    (4, 4),
+    (4, 8),
+];
 
 /// The workload's pages seen through a layout with another number of
 /// query heads: the page bytes do not depend on it, so one fill serves
@@ -103,21 +115,22 @@ fn main() {
             layout: *pages.layout(),
             pages,
         };
-        let seqs = decode_seqs(&tables, ctx);
         let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-        let n = GROUPS.len();
+        let n = CASES.len();
         let (mut fast, mut slow, mut read) = (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
         let mut diffs = vec![0f64; n];
         for round in 0..rounds {
             eprint!("\rround {}/{rounds}", round + 1);
             let _ = std::io::stderr().flush();
-            for (i, &g) in GROUPS.iter().enumerate() {
+            for (i, &(g, tokens)) in CASES.iter().enumerate() {
+                let mut seqs = decode_seqs(&tables, ctx);
+                seqs.iter_mut().for_each(|s| s.q_len = tokens);
                 memory.layout = KvLayout::new(
                     LayoutSpec::new(1, g * KV_HEADS, KV_HEADS, HEAD_DIM, BLOCK, KvDtype::F16)
                         .with_key_order(CPU_KEY_ORDER),
                 )
                 .expect("a valid layout");
-                let q = Rng::new(9).vec(BATCH * (g * KV_HEADS * HEAD_DIM) as usize);
+                let q = Rng::new(9).vec(tokens * BATCH * (g * KV_HEADS * HEAD_DIM) as usize);
                 let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
                 let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
                 // Each engine goes first in every other round.
@@ -144,18 +157,18 @@ fn main() {
         }
         eprintln!();
         println!(
-            "| ctx | q heads per kv head | grouped ms | together ms | grouped / together speed | grouped GB/s | of read loop | together, of read loop | max rel diff |"
+            "| ctx | q heads per kv head | query tokens | grouped ms | together ms | grouped / together speed | grouped GB/s | of read loop | together, of read loop | max rel diff |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         let gb = bytes as f64 / 1e9;
-        for (i, g) in GROUPS.iter().enumerate() {
+        for (i, (g, tokens)) in CASES.iter().enumerate() {
             let (f, s, r) = (
                 median(fast[i].clone()),
                 median(slow[i].clone()),
                 median(read[i].clone()),
             );
             println!(
-                "| {ctx} | {g} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.0}% | {:.0}% | {:.1e} |",
+                "| {ctx} | {g} | {tokens} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.0}% | {:.0}% | {:.1e} |",
                 f * 1e3,
                 s * 1e3,
                 s / f,
