@@ -288,8 +288,8 @@ impl CpuEngine {
     /// (`false`) as one group of rows: the four-row kernels for exactly
     /// four, one widening of each span for more, the kernels of one to
     /// three rows for fewer. The groups make decode with 1, 2, 3, 6 or 8
-    /// query heads per kv head 2.0-2.4x faster than together, and a step
-    /// of 2 to 8 tokens at 4 per kv head 1.5-2.3x (docs/BENCHMARKS.md);
+    /// query heads per kv head 2.0-2.5x faster than together, and a step
+    /// of 2 to 8 tokens at 4 per kv head 1.4-2.4x (docs/BENCHMARKS.md);
     /// `false` is there to measure that. Sets without four-row kernels
     /// (scalar) keep the rows together either way; the results agree to
     /// rounding.
