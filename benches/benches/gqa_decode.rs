@@ -19,12 +19,12 @@
 
 use std::hint::black_box;
 use std::io::Write;
-use std::time::Instant;
 
 use kvslice_benches::decode_workload::{
     BATCH, BLOCK, CPU_KEY_ORDER, HEAD_DIM, KV_HEADS, decode_seqs, fill_as, kv_bytes_of,
 };
 use kvslice_benches::read_loop::stream_read;
+use kvslice_benches::rounds;
 use kvslice_core::testkit::{Rng, max_rel_err};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, KvDtype, KvLayout, LayoutSpec, PageBuf, PageGeometry, PageId,
@@ -77,29 +77,16 @@ impl PageMemoryMut for Regrouped {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 /// Mean seconds of `REPS` calls of `f`, after one untimed call (the
 /// first call after the read loop ran slower, whichever engine made it).
-fn time(mut f: impl FnMut()) -> f64 {
+fn warm_then_time(mut f: impl FnMut()) -> f64 {
     f();
-    let t = Instant::now();
-    for _ in 0..REPS {
-        f();
-    }
-    t.elapsed().as_secs_f64() / f64::from(REPS)
+    rounds::mean_secs(REPS, f)
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
-    let rounds: usize = std::env::var("KVSLICE_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
-        .max(1);
+    let rounds = rounds::from_env(5);
     let grouped = CpuEngine::new();
     let together = CpuEngine::new().with_row_groups(false);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -136,19 +123,19 @@ fn main() {
                 // Each engine goes first in every other round.
                 for first in [round % 2 == 0, round % 2 == 1] {
                     if first {
-                        fast[i].push(time(|| {
+                        fast[i].push(warm_then_time(|| {
                             grouped.attend(&memory, &batch, &mut a).unwrap();
                             black_box(&a);
                         }));
                     } else {
-                        slow[i].push(time(|| {
+                        slow[i].push(warm_then_time(|| {
                             together.attend(&memory, &batch, &mut b).unwrap();
                             black_box(&b);
                         }));
                     }
                 }
                 let span = &memory.pages.bytes()[..bytes as usize];
-                read[i].push(time(|| {
+                read[i].push(warm_then_time(|| {
                     black_box(stream_read(span, threads));
                 }));
                 let b64: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
@@ -163,9 +150,9 @@ fn main() {
         let gb = bytes as f64 / 1e9;
         for (i, (g, tokens)) in CASES.iter().enumerate() {
             let (f, s, r) = (
-                median(fast[i].clone()),
-                median(slow[i].clone()),
-                median(read[i].clone()),
+                rounds::median(fast[i].clone()),
+                rounds::median(slow[i].clone()),
+                rounds::median(read[i].clone()),
             );
             println!(
                 "| {ctx} | {g} | {tokens} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.0}% | {:.0}% | {:.1e} |",

@@ -23,12 +23,12 @@
 
 use std::hint::black_box;
 use std::io::Write;
-use std::time::Instant;
 
 use kvslice_benches::decode_workload::{
     BATCH, CPU_KEY_ORDER, HEAD_DIM, Q_HEADS, cached_tables, decode_seqs, fill_as, kv_bytes_of,
 };
 use kvslice_benches::read_loop::stream_read;
+use kvslice_benches::rounds;
 use kvslice_core::testkit::{Rng, max_rel_err};
 use kvslice_core::{AttentionBatch, AttentionEngine, KvDtype, PageGeometry};
 use kvslice_cpu::{CpuEngine, Kernels};
@@ -36,27 +36,9 @@ use kvslice_cpu::{CpuEngine, Kernels};
 /// Calls per timing, averaged.
 const REPS: u32 = 3;
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-/// Mean seconds of `REPS` calls of `f`.
-fn time(mut f: impl FnMut()) -> f64 {
-    let t = Instant::now();
-    for _ in 0..REPS {
-        f();
-    }
-    t.elapsed().as_secs_f64() / f64::from(REPS)
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
-    let rounds: usize = std::env::var("KVSLICE_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7)
-        .max(1);
+    let rounds = rounds::from_env(7);
     let engine = match std::env::var("KVSLICE_BENCH_KERNELS") {
         Ok(name) => {
             let all = Kernels::supported();
@@ -113,7 +95,7 @@ fn main() {
                 let seqs = decode_seqs(tables, ctx);
                 let batch = AttentionBatch::new(0, 0, &seqs, &q, scale);
                 let out = &mut outs[i];
-                attend[i].push(time(|| {
+                attend[i].push(rounds::mean_secs(REPS, || {
                     engine.attend(pages, &batch, out).unwrap();
                     black_box(&*out);
                 }));
@@ -121,12 +103,12 @@ fn main() {
                 let hot_seqs = decode_seqs(&hot, ctx);
                 let hot_batch = AttentionBatch::new(0, 0, &hot_seqs, &q, scale);
                 let mut hot_out = vec![0f32; q.len()];
-                cached[i].push(time(|| {
+                cached[i].push(rounds::mean_secs(REPS, || {
                     engine.attend(pages, &hot_batch, &mut hot_out).unwrap();
                     black_box(&hot_out);
                 }));
                 let span = &pages.bytes()[..*bytes as usize];
-                read[i].push(time(|| {
+                read[i].push(rounds::mean_secs(REPS, || {
                     black_box(stream_read(span, threads));
                 }));
             }
@@ -135,15 +117,18 @@ fn main() {
         // The 8-bit outputs against f16's: the cost in accuracy of reading
         // fewer bytes, on the same random K/V (f16's own rounding aside).
         let f16_out: Vec<f64> = outs[0].iter().map(|&x| f64::from(x)).collect();
-        let f16_time = median(attend[0].clone());
+        let f16_time = rounds::median(attend[0].clone());
         println!(
             "| ctx | dtype | MB read | decode ms | GB/s | vs f16 | read loop GB/s | of read loop | cache-resident ms | max rel diff vs f16 |"
         );
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for (i, (label, at, _)) in runs.iter().enumerate() {
             let bytes = &data[*at].3;
-            let (t, r) = (median(attend[i].clone()), median(read[i].clone()));
-            let hot = median(cached[i].clone());
+            let (t, r) = (
+                rounds::median(attend[i].clone()),
+                rounds::median(read[i].clone()),
+            );
+            let hot = rounds::median(cached[i].clone());
             let gb = *bytes as f64 / 1e9;
             println!(
                 "| {ctx} | {} | {:.1} | {:.2} | {:.2} | {:.2}x | {:.2} | {:.0}% | {:.2} | {:.1e} |",

@@ -12,6 +12,7 @@ pub mod model;
 pub mod policy;
 pub mod read_loop;
 pub mod replay;
+pub mod rounds;
 #[cfg(feature = "events")]
 pub mod route;
 pub mod serve;

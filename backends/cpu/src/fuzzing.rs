@@ -199,65 +199,60 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
             continue;
         }
         r.expect("a windowed batch with placeholders before its windows");
-        let (atol, rtol) = match dtype {
-            KvDtype::F32 => (1e-6, 1e-5),
-            _ => tolerance(dtype),
-        };
-        assert!(
-            all_close(&out, &want, atol, rtol),
-            "window {window}: max relative error {:e}",
-            max_rel_err(&out, &want)
-        );
+        assert_near_oracle(dtype, &out, &want, &format!("window {window}"));
     }
-    // Drawn last too: the first case's batch with int8 queries, which
-    // only int8 keys in dim-major blocks of four-row groups take (where
-    // the CPU has them): within their rounding's error of the oracle
-    // there, and the same output to the bit everywhere else.
-    if u.arbitrary::<bool>().unwrap_or(false) {
+    // Drawn last too, in this order: the first case's batch with int8
+    // queries, which only int8 keys in dim-major blocks of four-row groups
+    // take (where the CPU has them): within their rounding's error of the
+    // oracle there, and the same output to the bit everywhere else; and
+    // with decode's query rows as one group (`with_row_groups(false)`),
+    // the path the groups replaced, against the oracle.
+    let int8 = u.arbitrary::<bool>().unwrap_or(false);
+    let together = u.arbitrary::<bool>().unwrap_or(false);
+    if int8 || together {
         let table = sc.seq_attention(layer, shard).expect("in range");
         let batch = AttentionBatch::new(layer, shard, &table, &finite_q, scale);
         let want = sc
             .naive_f64(layer, shard, &finite_q, scale)
             .expect("in range");
-        let plain = engine.clone();
-        let rounded = engine.clone().with_int8_queries(true);
-        let mut base = vec![f32::NAN; finite_q.len()];
-        plain
-            .attend(&sc.pages, &batch, &mut base)
-            .expect("valid batch");
-        rounded
-            .attend(&sc.pages, &batch, &mut out)
-            .expect("valid batch");
-        if rounded.int8_queries() && dtype == KvDtype::I8 && order == KeyOrder::DimMajor {
-            let err = max_rel_err(&out, &want);
-            assert!(err < 5e-2, "int8 queries: max relative error {err:e}");
-        } else {
-            assert_eq!(out, base, "int8 queries where nothing takes them");
+        if int8 {
+            let rounded = engine.clone().with_int8_queries(true);
+            let mut base = vec![f32::NAN; finite_q.len()];
+            engine
+                .attend(&sc.pages, &batch, &mut base)
+                .expect("valid batch");
+            rounded
+                .attend(&sc.pages, &batch, &mut out)
+                .expect("valid batch");
+            if rounded.int8_queries() && dtype == KvDtype::I8 && order == KeyOrder::DimMajor {
+                let err = max_rel_err(&out, &want);
+                assert!(err < 5e-2, "int8 queries: max relative error {err:e}");
+            } else {
+                assert_eq!(out, base, "int8 queries where nothing takes them");
+            }
+        }
+        if together {
+            engine
+                .clone()
+                .with_row_groups(false)
+                .attend(&sc.pages, &batch, &mut out)
+                .expect("valid batch");
+            assert_near_oracle(dtype, &out, &want, "rows together");
         }
     }
-    // And last: the first case's batch with decode's query rows as one
-    // group (`with_row_groups(false)`), the path the groups replaced,
-    // against the oracle.
-    if u.arbitrary::<bool>().unwrap_or(false) {
-        let table = sc.seq_attention(layer, shard).expect("in range");
-        let batch = AttentionBatch::new(layer, shard, &table, &finite_q, scale);
-        let want = sc
-            .naive_f64(layer, shard, &finite_q, scale)
-            .expect("in range");
-        engine
-            .clone()
-            .with_row_groups(false)
-            .attend(&sc.pages, &batch, &mut out)
-            .expect("valid batch");
-        let (atol, rtol) = match dtype {
-            KvDtype::F32 => (1e-6, 1e-5),
-            _ => tolerance(dtype),
-        };
-        assert!(
-            all_close(&out, &want, atol, rtol),
-            "rows together: max relative error {:e}",
-            max_rel_err(&out, &want)
-        );
-    }
     rerun
+}
+
+/// Panics with `what` unless `got` is within the suite's tolerance for
+/// `dtype` of the f64 oracle's `want` (f32: 1e-6 absolute, 1e-5 relative).
+fn assert_near_oracle(dtype: KvDtype, got: &[f32], want: &[f64], what: &str) {
+    let (atol, rtol) = match dtype {
+        KvDtype::F32 => (1e-6, 1e-5),
+        _ => tolerance(dtype),
+    };
+    assert!(
+        all_close(got, want, atol, rtol),
+        "{what}: max relative error {:e}",
+        max_rel_err(got, want)
+    );
 }
