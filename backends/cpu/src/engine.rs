@@ -21,14 +21,14 @@ use crate::kernels::{
 /// the stored rows in registers ([`crate::StoredKernels`]), longer row sets
 /// widen them to f32 once per span of blocks (below), and so do dim-major
 /// keys ([`kvslice_core::KeyOrder`]) except where the four-row kernels
-/// take them. Four rows that all
-/// see a whole block (GQA decode with four query heads per kv head; also
-/// two tokens of GQA 2, or four of one head, off the causal diagonal) take
-/// its scores and softmax in one call where the kernels have it
-/// ([`crate::FourRowKernels`]), and take small blocks in spans of about 64
-/// keys (four 16-token blocks) per call, so that the weighted sum keeps its
-/// accumulators in registers across them and the per-call costs are paid
-/// once per span; more rows that all see a span's keys (prefill off the
+/// take them. A kv head's few query rows (up to 64: decode, and short
+/// runs of query tokens) go through those kernels four at a time, the
+/// last group padded ([`CpuEngine::with_row_groups`]). Four rows that all
+/// see a whole block take its scores and softmax in one call where the
+/// kernels have it ([`crate::FourRowKernels`]), and take small blocks in
+/// spans of about 64 keys (four 16-token blocks) per call, so that the
+/// weighted sum keeps its accumulators in registers across them and the
+/// per-call costs are paid once per span; more rows that all see a span's keys (prefill off the
 /// diagonal) widen its blocks together for the same reason. A decode task
 /// takes every kv head of its pages and reads each page in address order,
 /// every head's K and then every head's V, one rising stream rather than
@@ -72,7 +72,8 @@ pub struct CpuEngine {
     /// Int8 keys scored against queries rounded to int8, where the
     /// kernels can.
     int8_queries: bool,
-    /// Decode's query rows in groups of four for the four-row kernels.
+    /// A kv head's few query rows in groups of four for the four-row
+    /// kernels ([`Self::with_row_groups`]).
     row_groups: bool,
 }
 
@@ -249,8 +250,8 @@ impl CpuEngine {
     /// integer dot products, where the kernel set has them
     /// ([`crate::FourRowKernels::int8_queries`]:
     /// AVX-512 VNNI and VBMI) and the pages suit them: int8 keys stored
-    /// dim-major, decode (query rows four at a time, see
-    /// [`Self::with_row_groups`]) or four query rows per kv head, whole blocks
+    /// dim-major, a kv head's rows in groups of four (decode and short
+    /// runs, see [`Self::with_row_groups`]) or exactly four, whole blocks
     /// of a multiple of 16 keys (a partial last block keeps f32 queries).
     /// Elsewhere it changes nothing ([`Self::int8_queries`] says which).
     /// Scoring is the larger part of int8 decode's arithmetic, so this
@@ -377,7 +378,7 @@ impl Partials {
     }
 
     /// A kv head's `rows` rows from its groups of four (see
-    /// [`CpuEngine::row_groups`]), the padding dropped.
+    /// `CpuEngine::row_groups()`), the padding dropped.
     fn from_groups(groups: impl Iterator<Item = Partials>, rows: usize, hd: usize) -> Self {
         let mut whole = Partials::new(rows, hd);
         for (g, part) in groups.enumerate() {
@@ -423,12 +424,16 @@ impl<P: PageMemoryMut + ?Sized + Sync> AttentionEngine<P> for CpuEngine {
         let mut tasks = Vec::new();
         let mut q_base = 0;
         for (seq, s) in batch.seqs.iter().enumerate() {
-            // Decode-sized row groups take every kv head of a page in one
-            // task: every head's K, then every head's V, the page read in
-            // address order, which the hardware streams better than one
-            // head's 4 KiB of each per page (docs/notes/cpu-decode.md). Longer
-            // row sets keep one head per task, as their rows and
-            // accumulators for every head at once would not stay in cache.
+            // Tiles of up to four rows, or of rows in groups of four (at
+            // most `MAX_GROUPED_ROWS` per kv head), take every kv head of a
+            // page in one task: every head's K, then every head's V, the
+            // page read in address order, which the hardware streams
+            // better than one head's 4 KiB of each per page
+            // (docs/notes/cpu-decode.md). Longer tiles keep one head per
+            // task, as their rows and accumulators for every head at once
+            // would not stay in cache (64 rows of 8 kv heads at d = 128
+            // are 256 KiB of queries and as much of accumulators: still
+            // faster grouped, measured at 16 tokens of GQA 4).
             let tile_tokens = match self.tile_rows {
                 0 => s.q_len,
                 rows => (rows / ratio).max(1),
@@ -574,8 +579,9 @@ struct Scratch {
     scales: Vec<f32>,
 }
 
-/// One kv head's part of a task: where its query rows (token-major, then
-/// head in group, pre-scaled) sit in [`Scratch::q`], its softmax state, and
+/// One kv head's part of a task (or one group of four of its rows, see
+/// `CpuEngine::row_groups()`): where its query rows (token-major, then head
+/// in group, pre-scaled) sit in [`Scratch::q`], its softmax state, and
 /// where its K and V sit in a page (bytes).
 struct HeadWork {
     /// Where its rows start among its kv head's rows (a row group's).
@@ -1247,7 +1253,9 @@ struct Block<'a> {
     pos: usize,
     /// Keys in the span.
     n: usize,
-    /// The first of the task's rows (token-major) that sees any of it.
+    /// The first of the head's rows (token-major) at or after the causal
+    /// diagonal: rows before it see none of the span (a window may still
+    /// hide it from later ones).
     first: usize,
     /// Where the head's rows start among its kv head's rows.
     row0: usize,

@@ -121,10 +121,12 @@ fn short_query_runs_over_every_head_agree() {
 /// Decode, and short runs of query tokens (as speculative decoding
 /// verifies), with any number of query heads per kv head go through the
 /// four-row kernels in groups of four rows, the last group padded: every
-/// group size from 1 to 9, runs of 1 to 9 tokens (rows past the grouping
-/// limit included), every kernel set, dtype and key order, with and
-/// without a window, split into chunks and tiles and not, agree with the
-/// f64 oracle.
+/// group size from 1 to 9, runs of 1 to 30 tokens (exactly the grouping
+/// limit of 64 rows, and past it), every kernel set, dtype and key order,
+/// with and without a window, split into one-page chunks and into tiles
+/// (of 5 rows, all grouped; of 80, whose last tile alone is grouped) and
+/// not, with 4-token pages where a group's rows see none of a block, agree
+/// with the f64 oracle.
 #[test]
 fn short_runs_of_every_group_size_agree() {
     use kvslice_core::testkit::{all_close, tolerance};
@@ -138,20 +140,22 @@ fn short_runs_of_every_group_size_agree() {
             CpuEngine::new()
                 .with_kernels(k)
                 .with_threads(3)
-                .with_chunk_pages(2),
+                .with_chunk_pages(1),
             CpuEngine::new().with_kernels(k).with_int8_queries(true),
             CpuEngine::new().with_kernels(k).with_query_tile_rows(5),
+            CpuEngine::new().with_kernels(k).with_query_tile_rows(80),
         ];
         for ratio in 1..=9u32 {
             for dtype in KvDtype::ALL {
                 for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
+                    let bt = if ratio % 3 == 0 { 4 } else { 16 };
                     let spec =
-                        LayoutSpec::new(1, 2 * ratio, 2, 32, 16, dtype).with_key_order(order);
+                        LayoutSpec::new(1, 2 * ratio, 2, 32, bt, dtype).with_key_order(order);
                     let layout = KvLayout::new(spec).unwrap();
-                    let seqs: &[(usize, usize)] = if ratio % 2 == 1 {
-                        &[(300, 1), (37, 1), (5, 1), (140, 9)]
-                    } else {
-                        &[(300, 2), (37, 3), (3, 3), (90, 1)]
+                    let seqs: &[(usize, usize)] = match ratio {
+                        4 => &[(300, 2), (200, 16), (100, 30), (90, 1)],
+                        r if r % 2 == 1 => &[(300, 1), (37, 1), (5, 1), (140, 9)],
+                        _ => &[(300, 2), (37, 3), (3, 3), (90, 1)],
                     };
                     let sc = Scenario::random(layout, seqs, &mut rng).unwrap();
                     let q = sc.random_queries(0, &mut rng).unwrap();
@@ -483,7 +487,8 @@ fn rounded_queries(q: &[f32], d: usize, scale: f32) -> Vec<f32> {
 /// every score takes the int8 kernel), and stay near the unrounded
 /// queries' with a partial last block on f32 queries. Head widths of 128
 /// (the byte weighted sum's two halves), 64 and 32 (the f32 weighted
-/// sum), blocks of 16 (one load per four dims) and 32.
+/// sum), blocks of 16 (one load per four dims) and 32, 1 to 6 query heads
+/// per kv head (in row groups of four).
 #[test]
 fn int8_queries_give_the_attention_of_their_rounding() {
     let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
@@ -503,8 +508,17 @@ fn int8_queries_give_the_attention_of_their_rounding() {
     let mut rng = Rng::new(41);
     let scale = 0.09;
     for k in sets {
-        for (hd, bt) in [(128u32, 16usize), (64, 32), (32, 16)] {
-            let spec = LayoutSpec::new(1, 8, 2, hd, bt as u32, KvDtype::I8)
+        // (head width, block, query heads for 2 kv heads): GQA 4, and 3,
+        // 1 and 6 through the row groups.
+        for (hd, bt, qh) in [
+            (128u32, 16usize, 8u32),
+            (64, 32, 8),
+            (32, 16, 8),
+            (128, 16, 6),
+            (64, 16, 2),
+            (32, 32, 12),
+        ] {
+            let spec = LayoutSpec::new(1, qh, 2, hd, bt as u32, KvDtype::I8)
                 .with_key_order(KeyOrder::DimMajor);
             let layout = KvLayout::new(spec).unwrap();
             for (seqs, whole) in [
@@ -531,7 +545,7 @@ fn int8_queries_give_the_attention_of_their_rounding() {
                     engine.attend(&sc.pages, &batch, &mut out).unwrap();
                     let (to_exact, to_rounded) =
                         (max_rel_err(&out, &exact), max_rel_err(&out, &of_rounded));
-                    let case = format!("{} d={hd} bt={bt} {seqs:?} {engine:?}", k.name);
+                    let case = format!("{} d={hd} bt={bt} qh={qh} {seqs:?} {engine:?}", k.name);
                     println!("{case}: {to_exact:.2e} from f32 queries, {to_rounded:.2e} from int8");
                     assert!(to_exact < 5e-2, "{case}: {to_exact:e} from f32 queries");
                     if whole {
