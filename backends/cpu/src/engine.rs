@@ -28,8 +28,9 @@ use crate::kernels::{
 /// kernels have it ([`crate::FourRowKernels`]), and take small blocks in
 /// spans of about 64 keys (four 16-token blocks) per call, so that the
 /// weighted sum keeps its accumulators in registers across them and the
-/// per-call costs are paid once per span; more rows that all see a span's keys (prefill off the
-/// diagonal) widen its blocks together for the same reason. A decode task
+/// per-call costs are paid once per span; more rows that all see a span's
+/// keys (prefill off the diagonal) widen its blocks together for the same
+/// reason. A decode task
 /// takes every kv head of its pages and reads each page in address order,
 /// every head's K and then every head's V, one rising stream rather than
 /// one head's 4 KiB of each. While a head's K (or V) is computed, the next
@@ -311,7 +312,8 @@ impl CpuEngine {
     /// CpuEngine::new().attend(&sc.pages, &batch, &mut grouped)?;
     /// CpuEngine::new().with_row_groups(false).attend(&sc.pages, &batch, &mut together)?;
     /// assert!(max_rel_err(&grouped, &sc.naive_f64(0, 0, &q, 0.125)?) < 1e-3);
-    /// assert!(max_rel_err(&grouped, &together.iter().map(|&x| x as f64).collect::<Vec<_>>()) < 1e-3);
+    /// let together: Vec<f64> = together.iter().map(|&x| f64::from(x)).collect();
+    /// assert!(max_rel_err(&grouped, &together) < 1e-3);
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn with_row_groups(mut self, on: bool) -> Self {

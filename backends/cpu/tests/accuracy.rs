@@ -135,17 +135,21 @@ fn short_runs_of_every_group_size_agree() {
     let mut rng = Rng::new(23);
     let mut checks = 0;
     for k in Kernels::supported().into_iter().filter(wanted) {
+        // Int8 queries in row groups: in their own test, against their
+        // rounding.
         let engines = [
             CpuEngine::new().with_kernels(k),
             CpuEngine::new()
                 .with_kernels(k)
                 .with_threads(3)
                 .with_chunk_pages(1),
-            CpuEngine::new().with_kernels(k).with_int8_queries(true),
             CpuEngine::new().with_kernels(k).with_query_tile_rows(5),
+            // Only the run of 30 tokens at 4 per kv head has tiles of
+            // more than 64 rows (of 80, the last of 40).
             CpuEngine::new().with_kernels(k).with_query_tile_rows(80),
         ];
         for ratio in 1..=9u32 {
+            let engines = &engines[..if ratio == 4 { 4 } else { 3 }];
             for dtype in KvDtype::ALL {
                 for order in [KeyOrder::TokenMajor, KeyOrder::DimMajor] {
                     let bt = if ratio % 3 == 0 { 4 } else { 16 };
@@ -166,12 +170,7 @@ fn short_runs_of_every_group_size_agree() {
                         batch.window = window;
                         let want = sc.naive_f64_window(0, 0, &q, 0.17, window).unwrap();
                         let (atol, rtol) = tolerance(dtype);
-                        for engine in &engines {
-                            // int8 queries round the queries: their own
-                            // test holds them to their rounding.
-                            if engine.int8_queries() && dtype == KvDtype::I8 {
-                                continue;
-                            }
+                        for engine in engines {
                             let mut out = vec![f32::NAN; q.len()];
                             engine.attend(&sc.pages, &batch, &mut out).unwrap();
                             let case = format!(
