@@ -293,8 +293,8 @@ impl CpuEngine {
     /// query heads per kv head 2.0-2.5x faster than together, and a step
     /// of 2 to 8 tokens at 4 per kv head 1.4-2.4x (docs/BENCHMARKS.md);
     /// `false` is there to measure that. Sets without four-row kernels
-    /// (scalar) keep the rows together either way; the results agree to
-    /// rounding.
+    /// (scalar, NEON) keep the rows together either way; the results agree
+    /// to rounding.
     ///
     /// ```
     /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
@@ -820,25 +820,34 @@ impl CpuEngine {
                 segs
             };
             // The scales of the span's rows in each block's scale region
-            // `r` (none for an unscaled dtype), times the raw factor.
+            // `r` (none for an unscaled dtype), times the raw factor, unless
+            // `out` holds them already (`held`: a kv head's row groups
+            // share their region).
             let raw = raw_scale(layout.dtype());
-            let fill_scales = |r: &Option<std::ops::Range<usize>>, out: &mut Vec<f32>| {
-                out.clear();
-                let Some(r) = r else { return };
-                for (i, page) in span.as_slice().iter().enumerate() {
-                    let block_start = (pos / bt + i) * bt;
-                    let from = pos.max(block_start) - block_start;
-                    let upto = end.min(block_start + bt) - block_start;
-                    let bytes = &page[r.start + 4 * from..r.start + 4 * upto];
-                    // Sized first, then filled: a loop the compiler
-                    // vectorizes, where `extend` went a scale at a time.
-                    let at = out.len();
-                    out.resize(at + upto - from, 0.0);
-                    for (o, b) in out[at..].iter_mut().zip(bytes.chunks_exact(4)) {
-                        *o = raw * f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let fill_scales =
+                |r: &Option<std::ops::Range<usize>>,
+                 out: &mut Vec<f32>,
+                 held: &mut Option<Option<std::ops::Range<usize>>>| {
+                    if held.as_ref() == Some(r) {
+                        return;
                     }
-                }
-            };
+                    *held = Some(r.clone());
+                    out.clear();
+                    let Some(r) = r else { return };
+                    for (i, page) in span.as_slice().iter().enumerate() {
+                        let block_start = (pos / bt + i) * bt;
+                        let from = pos.max(block_start) - block_start;
+                        let upto = end.min(block_start + bt) - block_start;
+                        let bytes = &page[r.start + 4 * from..r.start + 4 * upto];
+                        // Sized first, then filled: a loop the compiler
+                        // vectorizes, where `extend` went a scale at a time.
+                        let at = out.len();
+                        out.resize(at + upto - from, 0.0);
+                        for (o, b) in out[at..].iter_mut().zip(bytes.chunks_exact(4)) {
+                            *o = raw * f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        }
+                    }
+                };
             // Region `r` of every page of `span` (whole, for prefetching).
             let whole = |span: &Regions<'a>, r: &std::ops::Range<usize>| {
                 let mut regions = Regions::default();
@@ -854,8 +863,7 @@ impl CpuEngine {
             // head's V, the next span's first K, one region per page, so
             // that the four-row kernels pair each with the segment they
             // compute in the same page.
-            // The scale region `scales` holds (a kv head's groups share it).
-            let mut filled = None;
+            let mut held = None;
             for i in 0..heads.len() {
                 let first = first_of(&heads[i]);
                 if first >= rows {
@@ -868,10 +876,7 @@ impl CpuEngine {
                     cut(&heads[i].k)
                 };
                 let ahead = whole(&span, ahead);
-                if filled.as_ref() != Some(&heads[i].k_scales) {
-                    fill_scales(&heads[i].k_scales, &mut scales);
-                    filled = Some(heads[i].k_scales.clone());
-                }
+                fill_scales(&heads[i].k_scales, &mut scales, &mut held);
                 let h = &mut heads[i];
                 let keys = Block {
                     segs: segs.as_slice(),
@@ -896,7 +901,7 @@ impl CpuEngine {
                     scratch,
                 );
             }
-            let mut filled = None;
+            let mut held = None;
             for i in 0..heads.len() {
                 let first = first_of(&heads[i]);
                 if first >= rows {
@@ -908,10 +913,7 @@ impl CpuEngine {
                     (None, None) => Regions::default(),
                 };
                 let segs = cut(&heads[i].v);
-                if filled.as_ref() != Some(&heads[i].v_scales) {
-                    fill_scales(&heads[i].v_scales, &mut scales);
-                    filled = Some(heads[i].v_scales.clone());
-                }
+                fill_scales(&heads[i].v_scales, &mut scales, &mut held);
                 let h = &mut heads[i];
                 let values = Block {
                     segs: segs.as_slice(),
@@ -937,6 +939,7 @@ impl CpuEngine {
         scratch.scales = scales;
         let parts = heads.into_iter().map(|h| h.part);
         Ok(match groups {
+            // One group of exactly four rows is the kv head's rows as they are.
             Some(g) if kv_rows != 4 => {
                 let mut parts = parts.peekable();
                 let mut whole = Vec::with_capacity(t.heads as usize);
