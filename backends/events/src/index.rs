@@ -10,6 +10,11 @@ use crate::wire::WireEvent;
 /// Workers an index can tell apart.
 pub const MAX_WORKERS: usize = 64;
 
+/// Slots of the departed-block memory by default: 2^16 entries of 16
+/// bytes (1 MiB once the first block departs). On the Mooncake
+/// conversation trace 2^14 already route as well.
+pub const DEFAULT_DEPARTED_SLOTS: usize = 1 << 16;
+
 /// Block (hash, layer group, head shard) to the set of workers holding it,
 /// as a bit set. Removals in vLLM's shape carry no block index, so the
 /// index keys blocks without one; keys are chained hashes, so the hash
@@ -39,9 +44,35 @@ pub const MAX_WORKERS: usize = 64;
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     workers: usize,
-    holders: HashMap<(BlockHash, u32, u32), u64>,
+    holders: HashMap<BlockId, u64>,
     /// Each worker's blocks, for a clear.
-    held: Vec<HashSet<(BlockHash, u32, u32)>>,
+    held: Vec<HashSet<BlockId>>,
+    /// Who last held blocks that no worker holds any more (see
+    /// [`PrefixIndex::last_holder`]); allocated at the first departure.
+    departed: Vec<Departed>,
+    departed_slots: usize,
+    /// Bumped by a clear, so that a cleared worker's departed blocks stop
+    /// naming it.
+    epochs: Vec<u32>,
+}
+
+/// One slot of the departed-block memory: a 64-bit tag of the block, the
+/// worker that held it last (plus one; 0 is an empty slot) and that
+/// worker's epoch then.
+#[derive(Debug, Clone, Copy, Default)]
+struct Departed {
+    tag: u64,
+    worker: u32,
+    epoch: u32,
+}
+
+type BlockId = (BlockHash, u32, u32);
+
+/// A block's tag in the departed memory. Block hashes are keyed PRF
+/// outputs, so folding the words keeps them uniform.
+fn tag(k: &BlockId) -> u64 {
+    let h = k.0.0;
+    (h as u64) ^ ((h >> 64) as u64).rotate_left(17) ^ (u64::from(k.1) << 32 | u64::from(k.2))
 }
 
 impl PrefixIndex {
@@ -58,7 +89,34 @@ impl PrefixIndex {
             workers,
             holders: HashMap::new(),
             held: vec![HashSet::new(); workers],
+            departed: Vec::new(),
+            departed_slots: DEFAULT_DEPARTED_SLOTS,
+            epochs: vec![0; workers],
         }
+    }
+
+    /// The same index remembering the last holder of up to about `slots`
+    /// departed blocks (rounded up to a power of two; 0 remembers none).
+    ///
+    /// ```
+    /// use kvslice_events::index::PrefixIndex;
+    ///
+    /// let index = PrefixIndex::new(4).with_departed_slots(1 << 12);
+    /// assert_eq!(index.workers(), 4);
+    /// ```
+    pub fn with_departed_slots(mut self, slots: usize) -> Self {
+        self.resize_departed(slots);
+        self
+    }
+
+    /// Sizes the departed memory, forgetting what it held.
+    pub(crate) fn resize_departed(&mut self, slots: usize) {
+        self.departed_slots = if slots == 0 {
+            0
+        } else {
+            slots.next_power_of_two()
+        };
+        self.departed = Vec::new();
     }
 
     /// Workers indexed.
@@ -93,8 +151,9 @@ impl PrefixIndex {
             } => {
                 for &h in hashes {
                     let k = (h, *layer_group, *head_shard);
-                    self.forget(k, bit);
-                    self.held[worker].remove(&k);
+                    if self.held[worker].remove(&k) && self.forget(k, bit) {
+                        self.remember_departed(&k, worker);
+                    }
                 }
             }
             WireEvent::Cleared => self.clear_worker(worker),
@@ -107,15 +166,98 @@ impl PrefixIndex {
         for k in std::mem::take(&mut self.held[worker]) {
             self.forget(k, bit);
         }
+        // What it remembered went with its blocks.
+        self.epochs[worker] = self.epochs[worker].wrapping_add(1);
     }
 
-    fn forget(&mut self, k: (BlockHash, u32, u32), bit: u64) {
-        if let Some(set) = self.holders.get_mut(&k) {
-            *set &= !bit;
-            if *set == 0 {
-                self.holders.remove(&k);
-            }
+    /// Drops `bit` from `k`'s holders; true when no worker holds it now.
+    fn forget(&mut self, k: BlockId, bit: u64) -> bool {
+        let Some(set) = self.holders.get_mut(&k) else {
+            return false;
+        };
+        *set &= !bit;
+        if *set == 0 {
+            self.holders.remove(&k);
+            return true;
         }
+        false
+    }
+
+    fn slot(&self, tag: u64) -> usize {
+        // The tag's high bits pick the slot; all 64 bits are compared.
+        (tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (self.departed_slots - 1)
+    }
+
+    fn remember_departed(&mut self, k: &BlockId, worker: usize) {
+        if self.departed_slots == 0 {
+            return;
+        }
+        if self.departed.is_empty() {
+            self.departed = vec![Departed::default(); self.departed_slots];
+        }
+        let tag = tag(k);
+        let at = self.slot(tag);
+        self.departed[at] = Departed {
+            tag,
+            worker: worker as u32 + 1,
+            epoch: self.epochs[worker],
+        };
+    }
+
+    /// The worker that last held the deepest of `keys` that no worker
+    /// holds now, and that block's depth plus one, if the index remembers
+    /// one (a bounded, direct-mapped memory: a later departure may take
+    /// its slot). A request whose cached prefix was evicted everywhere
+    /// continues a conversation that worker served: its eviction policy
+    /// may still remember the conversation (its turns), where another
+    /// worker would take it for a new one.
+    ///
+    /// ```
+    /// use kvslice_core::{BlockHash, SliceKey};
+    /// use kvslice_events::index::PrefixIndex;
+    /// use kvslice_events::wire::WireEvent;
+    ///
+    /// let stored = WireEvent::Stored {
+    ///     hashes: vec![BlockHash(1), BlockHash(2)],
+    ///     parent: None,
+    ///     tokens: vec![16, 16],
+    ///     block_size: 16,
+    ///     medium: "GPU".into(),
+    ///     layer_group: 0,
+    ///     head_shard: 0,
+    ///     first_block_index: 0,
+    /// };
+    /// let removed = WireEvent::Removed {
+    ///     hashes: vec![BlockHash(2)],
+    ///     medium: "GPU".into(),
+    ///     layer_group: 0,
+    ///     head_shard: 0,
+    /// };
+    /// let mut index = PrefixIndex::new(2);
+    /// index.apply(1, &stored);
+    /// index.apply(1, &removed);
+    /// let key = |b, i| SliceKey { block: BlockHash(b), block_index: i, layer_group: 0, head_shard: 0 };
+    /// let request = [key(1, 0), key(2, 1), key(3, 2)];
+    /// assert_eq!(index.overlaps(&request), [0, 1]);
+    /// assert_eq!(index.last_holder(&request), Some((2, 1)));
+    /// index.clear_worker(1);
+    /// assert_eq!(index.last_holder(&request), None);
+    /// ```
+    pub fn last_holder(&self, keys: &[SliceKey]) -> Option<(usize, usize)> {
+        if self.departed.is_empty() {
+            return None;
+        }
+        keys.iter().enumerate().rev().find_map(|(depth, k)| {
+            let id = (k.block, k.layer_group, k.head_shard);
+            let tag = tag(&id);
+            let d = self.departed[self.slot(tag)];
+            let w = (d.worker as usize).checked_sub(1)?;
+            (d.tag == tag
+                && w < self.workers
+                && d.epoch == self.epochs[w]
+                && !self.holders.contains_key(&id))
+            .then_some((depth + 1, w))
+        })
     }
 
     /// Blocks `worker` holds, as far as its events said.

@@ -157,6 +157,14 @@ impl Subscriber {
         &self.index
     }
 
+    /// Sizes the index's memory of departed blocks (see
+    /// [`PrefixIndex::with_departed_slots`]); call it before the first
+    /// event, as it forgets what the memory held.
+    pub fn with_departed_slots(mut self, slots: usize) -> Self {
+        self.index.resize_departed(slots);
+        self
+    }
+
     /// Counters.
     pub fn stats(&self) -> SubscriberStats {
         self.stats

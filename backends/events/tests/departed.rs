@@ -1,0 +1,137 @@
+//! The prefix index's memory of departed blocks: who last held a block that
+//! no worker holds any more, which routing uses to send a conversation
+//! evicted everywhere back to the worker that served it.
+
+use kvslice_core::{BlockHash, SliceKey};
+use kvslice_events::index::PrefixIndex;
+use kvslice_events::wire::WireEvent;
+
+fn stored(blocks: &[u128]) -> WireEvent {
+    WireEvent::Stored {
+        hashes: blocks.iter().map(|&b| BlockHash(b)).collect(),
+        parent: None,
+        tokens: vec![16; blocks.len()],
+        block_size: 16,
+        medium: "GPU".into(),
+        layer_group: 0,
+        head_shard: 0,
+        first_block_index: 0,
+    }
+}
+
+fn removed(blocks: &[u128]) -> WireEvent {
+    WireEvent::Removed {
+        hashes: blocks.iter().map(|&b| BlockHash(b)).collect(),
+        medium: "GPU".into(),
+        layer_group: 0,
+        head_shard: 0,
+    }
+}
+
+fn request(blocks: &[u128]) -> Vec<SliceKey> {
+    blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| SliceKey {
+            block: BlockHash(b),
+            block_index: i as u32,
+            layer_group: 0,
+            head_shard: 0,
+        })
+        .collect()
+}
+
+#[test]
+fn the_deepest_departed_block_names_its_last_holder() {
+    let mut index = PrefixIndex::new(3);
+    // A shared root on every worker; a conversation [0, 10, 11, 12] on
+    // worker 2, another [0, 20, 21] on worker 1.
+    for w in 0..3 {
+        index.apply(w, &stored(&[0]));
+    }
+    index.apply(2, &stored(&[10, 11, 12]));
+    index.apply(1, &stored(&[20, 21]));
+    let next_turn = request(&[0, 10, 11, 12, 13]);
+    assert_eq!(index.last_holder(&next_turn), None, "nothing departed yet");
+    // Worker 2 evicts the conversation's tail: the deepest departed block
+    // (12, depth 4) names it, while 10 is still cached there.
+    index.apply(2, &removed(&[12, 11]));
+    assert_eq!(index.overlaps(&next_turn), [1, 1, 2]);
+    assert_eq!(index.last_holder(&next_turn), Some((4, 2)));
+    // A request that shares only the root is not steered.
+    assert_eq!(index.last_holder(&request(&[0, 30])), None);
+    // The other conversation departs from worker 1.
+    index.apply(1, &removed(&[21, 20]));
+    assert_eq!(index.last_holder(&request(&[0, 20, 21, 22])), Some((3, 1)));
+}
+
+#[test]
+fn a_block_departs_only_when_its_last_holder_drops_it() {
+    let mut index = PrefixIndex::new(2);
+    index.apply(0, &stored(&[5, 6]));
+    index.apply(1, &stored(&[5, 6]));
+    let keys = request(&[5, 6, 7]);
+    index.apply(0, &removed(&[6]));
+    assert_eq!(index.last_holder(&keys), None, "worker 1 still holds 6");
+    index.apply(1, &removed(&[6]));
+    assert_eq!(index.last_holder(&keys), Some((2, 1)));
+    // Stored again: cached, so no longer a departed block.
+    index.apply(0, &stored(&[6]));
+    assert_eq!(index.last_holder(&keys), None);
+    // A removal a worker never stored is no departure.
+    index.apply(1, &removed(&[9]));
+    assert_eq!(index.last_holder(&request(&[9])), None);
+}
+
+#[test]
+fn a_clear_forgets_what_the_worker_held_and_had_held() {
+    let mut index = PrefixIndex::new(2);
+    index.apply(0, &stored(&[1, 2, 3]));
+    index.apply(0, &removed(&[3]));
+    let keys = request(&[1, 2, 3]);
+    assert_eq!(index.last_holder(&keys), Some((3, 0)));
+    index.apply(0, &WireEvent::Cleared);
+    assert_eq!(index.overlaps(&keys), [0, 0]);
+    assert_eq!(index.last_holder(&keys), None);
+    // Departures after the clear name it again.
+    index.apply(0, &stored(&[1, 2]));
+    index.apply(0, &removed(&[2]));
+    assert_eq!(index.last_holder(&keys), Some((2, 0)));
+}
+
+#[test]
+fn the_memory_is_bounded_and_can_be_switched_off() {
+    let mut off = PrefixIndex::new(2).with_departed_slots(0);
+    off.apply(1, &stored(&[1, 2]));
+    off.apply(1, &removed(&[2]));
+    assert_eq!(off.last_holder(&request(&[1, 2])), None);
+
+    // One slot: each departure takes the place of the one before.
+    let mut one = PrefixIndex::new(2).with_departed_slots(1);
+    one.apply(0, &stored(&[1, 2]));
+    one.apply(1, &stored(&[3, 4]));
+    one.apply(0, &removed(&[2]));
+    assert_eq!(one.last_holder(&request(&[1, 2])), Some((2, 0)));
+    one.apply(1, &removed(&[4]));
+    assert_eq!(one.last_holder(&request(&[1, 2])), None);
+    assert_eq!(one.last_holder(&request(&[3, 4])), Some((2, 1)));
+
+    // 1,000 departures in 4,096 slots: most are remembered, and every
+    // answer names the worker that held the block.
+    let mut some = PrefixIndex::new(4).with_departed_slots(4096);
+    for b in 0..1000u128 {
+        let block = b.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        let w = (b % 4) as usize;
+        some.apply(w, &stored(&[block]));
+        some.apply(w, &removed(&[block]));
+    }
+    let mut remembered = 0;
+    for b in 0..1000u128 {
+        let block = b.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        if let Some((depth, w)) = some.last_holder(&request(&[block])) {
+            assert_eq!((depth, w), (1, (b % 4) as usize));
+            remembered += 1;
+        }
+    }
+    assert!(remembered > 850, "{remembered} of 1000 remembered");
+}
