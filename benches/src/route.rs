@@ -28,7 +28,10 @@ pub enum Strategy {
     /// To the worker holding the longest cached prefix of the request,
     /// among those under the balance cap (a worker may take at most
     /// `balance` times its fair share of the requests routed so far);
-    /// ties to the worker with fewer requests, then fewer tokens. The
+    /// ties to the worker that last held a deeper block of the request
+    /// (evicted everywhere since, see
+    /// [`PrefixIndex::last_holder`](kvslice_events::index::PrefixIndex::last_holder)),
+    /// then to the worker with fewer requests, then fewer tokens. The
     /// overlap-minus-load idea of Dynamo's KV router, with the load term
     /// as a hard cap.
     Prefix,
@@ -304,6 +307,14 @@ fn pick(
                 return least(&mut (0..cfg.workers));
             }
             let best = open.iter().map(|&w| overlaps[w]).max().unwrap_or(0);
+            // Among the longest, the worker that last held a deeper block:
+            // its policy may remember the conversation.
+            if let Some((_, w)) = router.index().last_holder(&keys.per_request[i])
+                && open.contains(&w)
+                && overlaps[w] == best
+            {
+                return w;
+            }
             least(&mut open.into_iter().filter(|&w| overlaps[w] == best))
         }
     }

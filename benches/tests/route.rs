@@ -32,7 +32,7 @@ fn run(trace: &Trace, workers: usize) -> Vec<RouteReport> {
 #[test]
 fn prefix_routing_beats_round_robin_and_least_loaded_at_4_and_8_workers() {
     let trace = trace();
-    for (workers, min_gain) in [(4, 1.6), (8, 2.0)] {
+    for (workers, min_gain) in [(4, 1.85), (8, 2.6)] {
         let reports = run(&trace, workers);
         for r in &reports {
             println!(
