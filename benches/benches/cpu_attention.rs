@@ -499,7 +499,7 @@ mod ideal_kernel {
         #[target_feature(enable = "avx2,fma,f16c")]
         fn line(&mut self, line: &[u8; 64]) {
             // Loops, not closures: a closure would not inherit this
-            // function's target features (avx2.rs's kernels).
+            // function's target features (the AVX2 set's kernels).
             let q = [
                 _mm256_set1_ps(0.5),
                 _mm256_set1_ps(0.25),

@@ -3,7 +3,7 @@
 //! the table, the scores and the four-row kernels; in `sums` the weighted
 //! sums, in `softmax` the softmax and `exp`, in `elementwise` widening,
 //! dot and `axpy`, in `prefetch` the prefetch schedule. Its byte view,
-//! prefetch schedule and four-row sum also serve `avx512.rs`.
+//! prefetch schedule and four-row sum also serve `avx512`.
 
 use std::arch::x86_64::*;
 
@@ -588,7 +588,7 @@ unsafe fn four_row_sums<const E: u8, const K: usize>(
         }
         // A loop, not `a.map(..)`: a closure carries this function's
         // target features, so `array::map` (which lacks them) could not
-        // inline it (avx512.rs's `row_sums` was 5x slower for it).
+        // inline it (`avx512::row_sums` was 5x slower for it).
         let mut sums = [_mm_setzero_ps(); K];
         for (sum, acc) in sums.iter_mut().zip(a) {
             *sum = hsum4(acc);

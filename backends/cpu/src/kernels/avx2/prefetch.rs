@@ -1,6 +1,6 @@
 //! The prefetch schedule: which lines of the next region to fetch while
 //! a kernel computes this one, one burst or line for line with its
-//! loads (shared with `avx512.rs` and `vnni.rs`).
+//! loads (shared with the AVX-512 and VNNI sets).
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;

@@ -1,5 +1,5 @@
 //! Weighted sums of stored value rows: per row group in registers, and in
-//! column passes for four rows (shared with `avx512.rs`).
+//! column passes for four rows (shared with the AVX-512 set).
 
 use std::arch::x86_64::*;
 

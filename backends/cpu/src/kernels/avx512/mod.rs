@@ -18,6 +18,10 @@
 //! before both paired their prefetches with the segments, and level with
 //! it since, except this set's four-row weighted sum and dim-major scores,
 //! so there the set run first is AVX2's with those ([`splits_512_bit_ops`]).
+//!
+//! Here: the table, the scores, weighted sums and four-row kernels; in
+//! `softmax` the softmax and `exp`, in `elementwise` widening, dot and
+//! `axpy`.
 
 use std::arch::x86_64::*;
 
@@ -27,8 +31,13 @@ use super::avx2::{
     self, Ahead, Paired, PairedPasses, PassAt, PassPrefetch, elem_bytes, f32_bytes, hsum4,
     weight_at,
 };
-use super::exp_consts::*;
 use super::{FourRowKernels, Kernels, SoftmaxState, StoredKernels, shapes};
+
+mod elementwise;
+mod softmax;
+
+use elementwise::*;
+use softmax::*;
 
 /// Name of this kernel set in reports and in `KVSLICE_REQUIRE_KERNELS`.
 pub(super) const NAME: &str = "avx512f+bw+vl";
@@ -871,253 +880,5 @@ unsafe fn weighted_sum_columns<
                 _mm512_mask_storeu_ps(acc.add(i * d + c + 16 * x), m[x], *sum);
             }
         }
-    }
-}
-
-fn softmax_rows(s: &mut [f32], n: usize, max: &mut [f32], sum: &mut [f32], rescale: &mut [f32]) {
-    let rows = max.len();
-    shapes::check_softmax(s.len(), rows, n, sum.len(), rescale.len());
-    // SAFETY: `s` holds `rows·n` elements, and `max`, `sum` and `rescale`
-    // `rows`, checked above; AVX-512 F is present.
-    unsafe {
-        softmax_rows_avx512(
-            s.as_mut_ptr(),
-            rows,
-            n,
-            max.as_mut_ptr(),
-            sum.as_mut_ptr(),
-            rescale.as_mut_ptr(),
-        )
-    };
-}
-
-/// [`Kernels::softmax_rows`] in two passes over all rows (maxima, then
-/// exponentials and sums), sixteen scores per step, the last one masked.
-///
-/// # Safety
-/// `s` is valid for `rows·n` reads and writes, `max`, `sum` and `rescale`
-/// for `rows`; AVX-512 F is present.
-#[target_feature(enable = "avx512f")]
-unsafe fn softmax_rows_avx512(
-    s: *mut f32,
-    rows: usize,
-    n: usize,
-    max: *mut f32,
-    sum: *mut f32,
-    rescale: *mut f32,
-) {
-    // SAFETY: every unmasked access is below `rows·n` (scores) or `rows`
-    // (state) by the loop bounds and the masks.
-    unsafe {
-        for r in 0..rows {
-            let row = s.add(r * n);
-            let old = *max.add(r);
-            let m = _mm512_reduce_max_ps(max_lanes(row, n, _mm512_set1_ps(old)));
-            // The old max's weight under the new one, with the same
-            // polynomial as the scores (exactly 1 when the max held).
-            *rescale.add(r) = if m > old {
-                _mm512_cvtss_f32(exp16(_mm512_set1_ps(old - m)))
-            } else {
-                1.0
-            };
-            *max.add(r) = m;
-        }
-        for r in 0..rows {
-            let row = s.add(r * n);
-            let vs = exp_shifted(row, n, _mm512_set1_ps(*max.add(r)));
-            *sum.add(r) = *sum.add(r) * *rescale.add(r) + _mm512_reduce_add_ps(vs);
-        }
-    }
-}
-
-/// The lane-wise maximum of `start` and the `len` elements of `x`, read
-/// sixteen at a time; lane `l` covers the elements `l`, `l + 16`, ...
-/// (masked-off lanes of the last step keep their running max).
-///
-/// # Safety
-/// `x` is valid for `len` reads; AVX-512 F is present.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn max_lanes(x: *const f32, len: usize, start: __m512) -> __m512 {
-    let mut vm = start;
-    let mut i = 0;
-    while i < len {
-        // SAFETY: the mask keeps every access below `len`.
-        vm = _mm512_max_ps(vm, unsafe {
-            _mm512_mask_loadu_ps(vm, mask(len - i), x.add(i))
-        });
-        i += 16;
-    }
-    vm
-}
-
-/// `x[i] = e^(x[i] − m)` for the `len` elements of `x`, lane `i % 16` of
-/// `m` for element `i`, sixteen at a time with the last step masked;
-/// returns the lane-wise sums of the results.
-///
-/// # Safety
-/// `x` is valid for `len` reads and writes; AVX-512 F is present.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_shifted(x: *mut f32, len: usize, m: __m512) -> __m512 {
-    let mut vs = _mm512_setzero_ps();
-    let mut i = 0;
-    while i < len {
-        let k = mask(len - i);
-        // SAFETY: the mask keeps every access below `len`.
-        unsafe {
-            let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x.add(i)), m));
-            _mm512_mask_storeu_ps(x.add(i), k, e);
-            vs = _mm512_mask_add_ps(vs, k, vs, e);
-        }
-        i += 16;
-    }
-    vs
-}
-
-fn exp(xs: &mut [f32]) {
-    let n = xs.len();
-    // SAFETY: reads and writes `n` elements of `xs`, in bounds; AVX-512 F
-    // is present.
-    unsafe { exp_avx512(xs.as_mut_ptr(), n) }
-}
-
-/// `e^x` for sixteen lanes: the AVX2 set's `exp8` (`x = n·ln2 + r`, Cephes'
-/// degree-6 polynomial for `e^r`, `2^n` built in the exponent bits), twice
-/// as wide.
-#[target_feature(enable = "avx512f")]
-fn exp16(x: __m512) -> __m512 {
-    let x = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
-        _mm512_set1_ps(EXP_MAX),
-    );
-    // Round toward −∞ (1), exceptions suppressed (8).
-    let n = _mm512_roundscale_ps::<0x09>(_mm512_fmadd_ps(
-        x,
-        _mm512_set1_ps(std::f32::consts::LOG2_E),
-        _mm512_set1_ps(0.5),
-    ));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
-    let mut p = _mm512_set1_ps(EXP_POLY[0]);
-    for c in &EXP_POLY[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
-    }
-    let y = _mm512_add_ps(
-        _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
-        _mm512_set1_ps(1.0),
-    );
-    let pow2n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_cvtps_epi32(n),
-        _mm512_set1_epi32(127),
-    )));
-    _mm512_mul_ps(y, pow2n)
-}
-
-/// # Safety
-/// `xs` is valid for `n` reads and writes; AVX-512 F is present.
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_avx512(xs: *mut f32, n: usize) {
-    let mut i = 0;
-    while i < n {
-        let m = mask(n - i);
-        // SAFETY: the mask keeps every access below `n`.
-        unsafe {
-            let x = exp16(_mm512_maskz_loadu_ps(m, xs.add(i)));
-            _mm512_mask_storeu_ps(xs.add(i), m, x);
-        }
-        i += 16;
-    }
-}
-
-fn widen_f32(src: &[u8], dst: &mut [f32]) {
-    widen::<{ avx2::F32 }>(src, dst);
-}
-
-fn widen_f16(src: &[u8], dst: &mut [f32]) {
-    widen::<{ avx2::F16 }>(src, dst);
-}
-
-fn widen_bf16(src: &[u8], dst: &mut [f32]) {
-    widen::<{ avx2::BF16 }>(src, dst);
-}
-
-/// Widens `dst.len()` elements of encoding `E` (as many as `src` holds).
-fn widen<const E: u8>(src: &[u8], dst: &mut [f32]) {
-    let size = if E == avx2::F32 { 4 } else { 2 };
-    let n = dst.len().min(src.len() / size);
-    // SAFETY: reads `n` elements from `src`, writes `n` f32 to `dst`, in
-    // bounds; AVX-512 F, BW and VL are present.
-    unsafe { widen_avx512::<E>(src.as_ptr(), dst.as_mut_ptr(), n) }
-}
-
-/// # Safety
-/// `src` is valid for `n` elements of encoding `E`, `dst` for `n` f32
-/// writes; AVX-512 F, BW and VL are present.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn widen_avx512<const E: u8>(src: *const u8, dst: *mut f32, n: usize) {
-    let mut i = 0;
-    while i < n {
-        let m = mask(n - i);
-        // SAFETY: the mask keeps every access below `n` elements.
-        unsafe { _mm512_mask_storeu_ps(dst.add(i), m, load16::<E>(src, i, m)) };
-        i += 16;
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    // SAFETY: reads `n` elements of each slice, in bounds; AVX-512 F is
-    // present.
-    unsafe { dot_avx512(a.as_ptr(), b.as_ptr(), n) }
-}
-
-/// # Safety
-/// `a` and `b` are valid for `n` reads; AVX-512 F is present.
-#[target_feature(enable = "avx512f")]
-unsafe fn dot_avx512(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut s = _mm512_setzero_ps();
-    let mut i = 0;
-    while i < n {
-        let m = mask(n - i);
-        // SAFETY: the mask keeps every access below `n`.
-        unsafe {
-            s = _mm512_fmadd_ps(
-                _mm512_maskz_loadu_ps(m, a.add(i)),
-                _mm512_maskz_loadu_ps(m, b.add(i)),
-                s,
-            );
-        }
-        i += 16;
-    }
-    _mm512_reduce_add_ps(s)
-}
-
-fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
-    let n = acc.len().min(x.len());
-    // SAFETY: reads `n` of `x`, reads and writes `n` of `acc`, in bounds;
-    // AVX-512 F is present.
-    unsafe { axpy_avx512(acc.as_mut_ptr(), w, x.as_ptr(), n) }
-}
-
-/// # Safety
-/// `acc` is valid for `n` reads and writes, `x` for `n` reads, and they do
-/// not overlap; AVX-512 F is present.
-#[target_feature(enable = "avx512f")]
-unsafe fn axpy_avx512(acc: *mut f32, w: f32, x: *const f32, n: usize) {
-    let wv = _mm512_set1_ps(w);
-    let mut i = 0;
-    while i < n {
-        let m = mask(n - i);
-        // SAFETY: the mask keeps every access below `n`.
-        unsafe {
-            let y = _mm512_fmadd_ps(
-                wv,
-                _mm512_maskz_loadu_ps(m, x.add(i)),
-                _mm512_maskz_loadu_ps(m, acc.add(i)),
-            );
-            _mm512_mask_storeu_ps(acc.add(i), m, y);
-        }
-        i += 16;
     }
 }
