@@ -146,6 +146,10 @@ struct RouteArgs {
     /// multiple of the fair share: tight caps also spread cache pressure.
     #[arg(long, default_value_t = 1.05)]
     balance: f64,
+    /// Slots of the router's memory of which worker last held each block
+    /// evicted everywhere (0: none); prefix routing sends ties there.
+    #[arg(long, default_value_t = kvslice_events::index::DEFAULT_DEPARTED_SLOTS)]
+    departed_slots: usize,
     /// Where to write the SVG plot.
     #[arg(long, default_value = "kvslice-route.svg")]
     out: PathBuf,
@@ -548,6 +552,7 @@ fn run_route(args: &RouteArgs) -> Result<(), String> {
             capacity_blocks: args.capacity_blocks,
             policy: args.policy.clone(),
             balance: args.balance,
+            departed_slots: args.departed_slots,
             progress: !args.json,
         };
         for s in Strategy::ALL {

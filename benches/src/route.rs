@@ -67,6 +67,9 @@ pub struct RouteConfig {
     /// The prefix strategy's cap on a worker's share of requests, as a
     /// multiple of the fair share (at least 1).
     pub balance: f64,
+    /// Slots of the router's departed-block memory
+    /// ([`PrefixIndex::with_departed_slots`](kvslice_events::index::PrefixIndex::with_departed_slots)).
+    pub departed_slots: usize,
     /// Draw a progress bar on stderr.
     pub progress: bool,
 }
@@ -215,7 +218,7 @@ pub fn route(
             replay_endpoint: None,
         })
         .collect();
-    let mut router = Subscriber::connect(&sources, 100)?;
+    let mut router = Subscriber::connect(&sources, 100)?.with_departed_slots(cfg.departed_slots);
     let deadline = Instant::now() + std::time::Duration::from_millis(SYNC_TIMEOUT_MS);
     for (w, p) in pubs.iter_mut().enumerate() {
         while p.subscribers()? == 0 {

@@ -21,6 +21,7 @@ fn run(trace: &Trace, workers: usize) -> Vec<RouteReport> {
         capacity_blocks: 1000,
         policy: "default".into(),
         balance: 1.05,
+        departed_slots: kvslice_events::index::DEFAULT_DEPARTED_SLOTS,
         progress: false,
     };
     Strategy::ALL
@@ -78,6 +79,7 @@ fn bad_configurations_are_refused() {
         capacity_blocks,
         policy: "default".into(),
         balance,
+        departed_slots: 0,
         progress: false,
     };
     for (c, want) in [
