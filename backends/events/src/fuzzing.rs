@@ -13,7 +13,7 @@ use kvslice_core::{BlockHash, SliceKey};
 use crate::index::PrefixIndex;
 use crate::wire::{self, WireEvent};
 
-/// Runs both checks on `data`.
+/// Runs every check on `data`.
 pub fn payload(data: &[u8]) {
     if let Ok(batch) = wire::decode(data) {
         let again = wire::decode(&wire::encode(batch.ts, &batch.events))
@@ -25,86 +25,126 @@ pub fn payload(data: &[u8]) {
     index(data);
 }
 
-/// Three bytes per step: event kind and worker, the blocks it names, and
-/// a request to query. Eight blocks and eight departed slots, so that
-/// blocks move between workers and departures collide.
+/// Three bytes per step: event kind, worker and layer group; the blocks
+/// it names; and a request to query. Eight blocks (with high hash bits
+/// set) in two layer groups. Two indexes: one of eight departed slots,
+/// so that departures collide, checked for soundness (what it names is
+/// right); one of 2^16, where these sixteen blocks have slots of their
+/// own, checked exactly against a plain model.
 fn index(data: &[u8]) {
     const WORKERS: usize = 3;
-    let mut index = PrefixIndex::new(WORKERS).with_departed_slots(8);
-    let mut holders: HashMap<u128, u64> = HashMap::new();
-    let mut departed: HashMap<u128, (usize, u32)> = HashMap::new();
-    let mut clears = [0u32; WORKERS];
-    let key = |b: u128, i: usize| SliceKey {
-        block: BlockHash(b),
+    type Id = (u128, u32);
+    let mut small = PrefixIndex::new(WORKERS).with_departed_slots(8);
+    let mut exact = PrefixIndex::new(WORKERS).with_departed_slots(1 << 16);
+    let block = |b: u8| u128::from(b) << 64 | u128::from(b).wrapping_mul(0x9e37_79b9);
+    let key = |b: u8, g: u32, i: usize| SliceKey {
+        block: BlockHash(block(b)),
         block_index: i as u32,
-        layer_group: 0,
+        layer_group: g,
         head_shard: 0,
     };
+    let all: Vec<SliceKey> = (0..16).map(|n| key(n % 8, u32::from(n / 8), 0)).collect();
+    let mut slots: Vec<usize> = all.iter().filter_map(|k| exact.departed_slot(k)).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(
+        slots.len(),
+        all.len(),
+        "the exact index's blocks share slots"
+    );
+    let mut holders: HashMap<Id, u64> = HashMap::new();
+    let mut departed: HashMap<Id, (usize, u32)> = HashMap::new();
+    let mut forgets = [0u32; WORKERS];
     for c in data.chunks_exact(3) {
-        let w = usize::from(c[0] / 3) % WORKERS;
+        let (w, g) = (usize::from(c[0] / 4) % WORKERS, u32::from(c[0] / 12 % 2));
         let bit = 1u64 << w;
-        let blocks = [u128::from(c[1] % 8), u128::from(c[1] / 8 % 8)];
-        let hashes = blocks.iter().map(|&b| BlockHash(b)).collect();
-        let event = match c[0] % 3 {
-            0 => WireEvent::Stored {
-                hashes,
-                parent: None,
-                tokens: vec![16; 2],
-                block_size: 16,
-                medium: "GPU".into(),
-                layer_group: 0,
-                head_shard: 0,
-                first_block_index: 0,
-            },
-            1 => WireEvent::Removed {
-                hashes,
-                medium: "GPU".into(),
-                layer_group: 0,
-                head_shard: 0,
-            },
-            _ => WireEvent::Cleared,
-        };
-        index.apply(w, &event);
-        match event {
-            WireEvent::Stored { .. } => blocks
-                .iter()
-                .for_each(|b| *holders.entry(*b).or_default() |= bit),
-            WireEvent::Removed { .. } => {
-                for b in blocks {
-                    let set = holders.entry(b).or_default();
-                    if *set & bit != 0 {
-                        *set &= !bit;
-                        if *set == 0 {
-                            departed.insert(b, (w, clears[w]));
-                        }
-                    }
+        let blocks = [c[1] % 8, c[1] / 8 % 8];
+        let hashes = blocks.iter().map(|&b| BlockHash(block(b))).collect();
+        let mut depart = |id: Id, holders: &mut HashMap<Id, u64>| {
+            let set = holders.entry(id).or_default();
+            if *set & bit != 0 {
+                *set &= !bit;
+                if *set == 0 {
+                    departed.insert(id, (w, forgets[w]));
                 }
             }
-            WireEvent::Cleared => {
+        };
+        let event = match c[0] % 4 {
+            0 => {
+                blocks
+                    .iter()
+                    .for_each(|&b| *holders.entry((block(b), g)).or_default() |= bit);
+                Some(WireEvent::Stored {
+                    hashes,
+                    parent: None,
+                    tokens: vec![16; 2],
+                    block_size: 16,
+                    medium: "GPU".into(),
+                    layer_group: g,
+                    head_shard: 0,
+                    first_block_index: 0,
+                })
+            }
+            1 => {
+                blocks
+                    .iter()
+                    .for_each(|&b| depart((block(b), g), &mut holders));
+                Some(WireEvent::Removed {
+                    hashes,
+                    medium: "GPU".into(),
+                    layer_group: g,
+                    head_shard: 0,
+                })
+            }
+            2 => {
+                let ids: Vec<Id> = holders.keys().copied().collect();
+                ids.into_iter().for_each(|id| depart(id, &mut holders));
+                Some(WireEvent::Cleared)
+            }
+            _ => {
                 holders.values_mut().for_each(|set| *set &= !bit);
-                clears[w] += 1;
+                forgets[w] += 1;
+                None
+            }
+        };
+        for index in [&mut small, &mut exact] {
+            match &event {
+                Some(e) => index.apply(w, e),
+                None => index.forget_worker(w),
             }
         }
         let request: Vec<SliceKey> = [c[2] % 8, c[2] / 8 % 8, c[2] / 64]
             .iter()
             .enumerate()
-            .map(|(i, &b)| key(u128::from(b), i))
+            .map(|(i, &b)| key(b, g, i))
             .collect();
-        let held = |b: u128| holders.get(&b).copied().unwrap_or(0);
+        let id = |k: &SliceKey| (k.block.0, k.layer_group);
+        let held = |k: &SliceKey| holders.get(&id(k)).copied().unwrap_or(0);
         let expected: Vec<usize> = (0..WORKERS)
-            .map(|w| {
-                request
-                    .iter()
-                    .take_while(|k| held(k.block.0) >> w & 1 == 1)
-                    .count()
-            })
+            .map(|w| request.iter().take_while(|k| held(k) >> w & 1 == 1).count())
             .collect();
-        assert_eq!(index.overlaps(&request), expected);
-        if let Some((depth, w)) = index.last_holder(&request) {
-            let b = request[depth - 1].block.0;
-            assert_eq!(held(b), 0, "block {b} is still held");
-            assert_eq!(departed.get(&b), Some(&(w, clears[w])), "block {b}");
+        // Departed from a worker not forgotten since, and held by none.
+        let named = |k: &SliceKey| {
+            departed
+                .get(&id(k))
+                .filter(|&&(w, f)| f == forgets[w] && held(k) == 0)
+                .map(|&(w, _)| w)
+        };
+        for index in [&small, &exact] {
+            assert_eq!(index.overlaps(&request), expected);
         }
+        if let Some((depth, w)) = small.last_holder(&request) {
+            assert_eq!(
+                named(&request[depth - 1]),
+                Some(w),
+                "{:?}",
+                request[depth - 1]
+            );
+        }
+        let deepest = (0..request.len())
+            .rev()
+            .find_map(|d| named(&request[d]).map(|w| (d + 1, w)));
+        assert_eq!(exact.last_holder(&request), deepest);
     }
 }
 

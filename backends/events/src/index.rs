@@ -15,6 +15,9 @@ pub const MAX_WORKERS: usize = 64;
 /// conversation trace 2^14 already route as well.
 pub const DEFAULT_DEPARTED_SLOTS: usize = 1 << 16;
 
+/// Most slots of the departed-block memory (2^30, 16 GiB).
+pub const MAX_DEPARTED_SLOTS: usize = 1 << 30;
+
 /// Block (hash, layer group, head shard) to the set of workers holding it,
 /// as a bit set. Removals in vLLM's shape carry no block index, so the
 /// index keys blocks without one; keys are chained hashes, so the hash
@@ -50,8 +53,9 @@ pub struct PrefixIndex {
     /// Who last held blocks that no worker holds any more (see
     /// [`PrefixIndex::last_holder`]); allocated at the first departure.
     departed: Vec<Departed>,
-    departed_slots: usize,
-    /// Bumped by a clear, so that a cleared worker's departed blocks stop
+    /// log2 of its slots; `None` remembers nothing.
+    departed_bits: Option<u32>,
+    /// Bumped when a worker is forgotten, so that blocks it held stop
     /// naming it.
     epochs: Vec<u32>,
 }
@@ -90,19 +94,37 @@ impl PrefixIndex {
             holders: HashMap::new(),
             held: vec![HashSet::new(); workers],
             departed: Vec::new(),
-            departed_slots: DEFAULT_DEPARTED_SLOTS,
+            departed_bits: Some(DEFAULT_DEPARTED_SLOTS.trailing_zeros()),
             epochs: vec![0; workers],
         }
     }
 
     /// The same index remembering the last holder of up to about `slots`
-    /// departed blocks (rounded up to a power of two; 0 remembers none).
+    /// departed blocks (rounded up to a power of two, at most
+    /// [`MAX_DEPARTED_SLOTS`]; 0 remembers none).
     ///
     /// ```
+    /// use kvslice_core::{BlockHash, SliceKey};
     /// use kvslice_events::index::PrefixIndex;
+    /// use kvslice_events::wire::WireEvent;
     ///
-    /// let index = PrefixIndex::new(4).with_departed_slots(1 << 12);
-    /// assert_eq!(index.workers(), 4);
+    /// let key = SliceKey { block: BlockHash(7), block_index: 0, layer_group: 0, head_shard: 0 };
+    /// let stored = WireEvent::Stored {
+    ///     hashes: vec![key.block],
+    ///     parent: None,
+    ///     tokens: vec![16],
+    ///     block_size: 16,
+    ///     medium: "GPU".into(),
+    ///     layer_group: 0,
+    ///     head_shard: 0,
+    ///     first_block_index: 0,
+    /// };
+    /// for (slots, remembered) in [(1 << 12, Some((1, 0))), (0, None)] {
+    ///     let mut index = PrefixIndex::new(2).with_departed_slots(slots);
+    ///     index.apply(0, &stored);
+    ///     index.apply(0, &WireEvent::Cleared);
+    ///     assert_eq!(index.last_holder(&[key]), remembered);
+    /// }
     /// ```
     pub fn with_departed_slots(mut self, slots: usize) -> Self {
         self.resize_departed(slots);
@@ -111,11 +133,12 @@ impl PrefixIndex {
 
     /// Sizes the departed memory, forgetting what it held.
     pub(crate) fn resize_departed(&mut self, slots: usize) {
-        self.departed_slots = if slots == 0 {
-            0
-        } else {
-            slots.next_power_of_two()
-        };
+        self.departed_bits = (slots > 0).then(|| {
+            slots
+                .min(MAX_DEPARTED_SLOTS)
+                .next_power_of_two()
+                .trailing_zeros()
+        });
         self.departed = Vec::new();
     }
 
@@ -160,13 +183,27 @@ impl PrefixIndex {
         }
     }
 
-    /// Forgets everything `worker` held (it cleared, restarted or left).
+    /// `worker` dropped everything it held (`AllBlocksCleared`: its store
+    /// was cleared, or its publisher resynchronises after lost events and
+    /// a snapshot follows). Its blocks that no other worker holds depart
+    /// from it: its eviction policy outlives a clear. What the snapshot
+    /// stores again is held, not departed.
     pub fn clear_worker(&mut self, worker: usize) {
+        let bit = 1u64 << worker;
+        for k in std::mem::take(&mut self.held[worker]) {
+            if self.forget(k, bit) {
+                self.remember_departed(&k, worker);
+            }
+        }
+    }
+
+    /// `worker` is gone (its process left or restarted): forgets what it
+    /// held, and stops naming it as the last holder of anything.
+    pub fn forget_worker(&mut self, worker: usize) {
         let bit = 1u64 << worker;
         for k in std::mem::take(&mut self.held[worker]) {
             self.forget(k, bit);
         }
-        // What it remembered went with its blocks.
         self.epochs[worker] = self.epochs[worker].wrapping_add(1);
     }
 
@@ -183,20 +220,24 @@ impl PrefixIndex {
         false
     }
 
-    fn slot(&self, tag: u64) -> usize {
-        // The tag's high bits pick the slot; all 64 bits are compared.
-        (tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (self.departed_slots - 1)
+    /// The slot of `tag` in a memory of `2^bits` slots: the top bits of a
+    /// multiplicative hash (every tag bit moves them); the whole tag is
+    /// compared on a read.
+    fn slot(tag: u64, bits: u32) -> usize {
+        tag.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .checked_shr(64 - bits)
+            .unwrap_or(0) as usize
     }
 
     fn remember_departed(&mut self, k: &BlockId, worker: usize) {
-        if self.departed_slots == 0 {
+        let Some(bits) = self.departed_bits else {
             return;
-        }
+        };
         if self.departed.is_empty() {
-            self.departed = vec![Departed::default(); self.departed_slots];
+            self.departed = vec![Departed::default(); 1 << bits];
         }
         let tag = tag(k);
-        let at = self.slot(tag);
+        let at = Self::slot(tag, bits);
         self.departed[at] = Departed {
             tag,
             worker: worker as u32 + 1,
@@ -204,10 +245,18 @@ impl PrefixIndex {
         };
     }
 
-    /// The worker that last held the deepest of `keys` that no worker
-    /// holds now, and that block's depth plus one, if the index remembers
-    /// one (a bounded, direct-mapped memory: a later departure may take
-    /// its slot). A request whose cached prefix was evicted everywhere
+    /// The departed-memory slot of `key`, if the memory is on (the fuzz
+    /// harness checks its blocks do not collide).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn departed_slot(&self, key: &SliceKey) -> Option<usize> {
+        let id = (key.block, key.layer_group, key.head_shard);
+        self.departed_bits.map(|bits| Self::slot(tag(&id), bits))
+    }
+
+    /// `Some((depth, worker))`: `worker` last held `keys[depth - 1]`, the
+    /// deepest of `keys` that no worker holds now and that the index
+    /// remembers (a bounded, direct-mapped memory: a later departure may
+    /// take its slot). A request whose cached prefix was evicted everywhere
     /// continues a conversation that worker served: its eviction policy
     /// may still remember the conversation (its turns), where another
     /// worker would take it for a new one.
@@ -240,17 +289,19 @@ impl PrefixIndex {
     /// let request = [key(1, 0), key(2, 1), key(3, 2)];
     /// assert_eq!(index.overlaps(&request), [0, 1]);
     /// assert_eq!(index.last_holder(&request), Some((2, 1)));
-    /// index.clear_worker(1);
+    /// // A worker that is gone is no one's last holder.
+    /// index.forget_worker(1);
     /// assert_eq!(index.last_holder(&request), None);
     /// ```
     pub fn last_holder(&self, keys: &[SliceKey]) -> Option<(usize, usize)> {
+        let bits = self.departed_bits?;
         if self.departed.is_empty() {
             return None;
         }
         keys.iter().enumerate().rev().find_map(|(depth, k)| {
             let id = (k.block, k.layer_group, k.head_shard);
             let tag = tag(&id);
-            let d = self.departed[self.slot(tag)];
+            let d = self.departed[Self::slot(tag, bits)];
             let w = (d.worker as usize).checked_sub(1)?;
             (d.tag == tag
                 && w < self.workers

@@ -181,9 +181,10 @@ impl Subscriber {
         self.workers[worker].next
     }
 
-    /// Forgets what `worker` held: for a worker known to be gone.
+    /// Forgets what `worker` held, and that it held anything: for a
+    /// worker known to be gone ([`PrefixIndex::forget_worker`]).
     pub fn forget_worker(&mut self, worker: usize) {
-        self.index.clear_worker(worker);
+        self.index.forget_worker(worker);
     }
 
     /// Applies every message waiting now, after waiting up to `timeout_ms`

@@ -78,23 +78,39 @@ fn a_block_departs_only_when_its_last_holder_drops_it() {
     // Stored again: cached, so no longer a departed block.
     index.apply(0, &stored(&[6]));
     assert_eq!(index.last_holder(&keys), None);
-    // A removal a worker never stored is no departure.
-    index.apply(1, &removed(&[9]));
-    assert_eq!(index.last_holder(&request(&[9])), None);
+    // A removal by a worker that no longer holds the block changes
+    // nothing: worker 0 holds 6, so it has not departed.
+    index.apply(1, &removed(&[6]));
+    assert_eq!(index.overlaps(&keys), [2, 1]);
+    assert_eq!(index.last_holder(&keys), None);
 }
 
 #[test]
-fn a_clear_forgets_what_the_worker_held_and_had_held() {
+fn a_clear_departs_a_workers_blocks_and_a_gone_worker_is_forgotten() {
     let mut index = PrefixIndex::new(2);
     index.apply(0, &stored(&[1, 2, 3]));
+    index.apply(1, &stored(&[1]));
     index.apply(0, &removed(&[3]));
     let keys = request(&[1, 2, 3]);
     assert_eq!(index.last_holder(&keys), Some((3, 0)));
+    // A clear (or a publisher's resync): worker 0's blocks depart from it,
+    // but block 1, which worker 1 holds, does not.
     index.apply(0, &WireEvent::Cleared);
-    assert_eq!(index.overlaps(&keys), [0, 0]);
-    assert_eq!(index.last_holder(&keys), None);
-    // Departures after the clear name it again.
+    assert_eq!(index.overlaps(&keys), [0, 1]);
+    assert_eq!(index.last_holder(&keys), Some((3, 0)));
+    assert_eq!(index.last_holder(&request(&[1, 2])), Some((2, 0)));
+    // The resync's snapshot stores block 2 again: held, not departed.
     index.apply(0, &stored(&[1, 2]));
+    assert_eq!(index.last_holder(&request(&[1, 2])), None);
+    // Another worker takes block 3 and drops it in a clear: it held it last.
+    index.apply(1, &stored(&[3]));
+    index.apply(1, &WireEvent::Cleared);
+    assert_eq!(index.last_holder(&keys), Some((3, 1)));
+    // Worker 1 is gone: nothing names it, what it held is forgotten.
+    index.forget_worker(1);
+    assert_eq!(index.overlaps(&keys), [2, 0]);
+    assert_eq!(index.last_holder(&keys), None);
+    // Departures from a worker still here keep naming it.
     index.apply(0, &removed(&[2]));
     assert_eq!(index.last_holder(&keys), Some((2, 0)));
 }
