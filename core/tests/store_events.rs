@@ -123,7 +123,7 @@ fn one_thread_index_equals_the_store_for_every_policy() {
     one_thread_agrees("lru", LruPolicy::new(PAGES));
     one_thread_agrees("clock", ClockPolicy::new(PAGES));
     one_thread_agrees("tinylfu", TinyLfuPolicy::new(PAGES));
-    // The density policy's ghost tables (65,536 entries) make each of its
+    // The density policy's ghost tables (at least 65,536 entries) make each of its
     // steps slow under Miri; it is safe code, and runs natively.
     if !cfg!(miri) {
         one_thread_agrees("density", DensityPolicy::new(PAGES));

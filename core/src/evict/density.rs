@@ -18,14 +18,19 @@ const BINS: usize = PER_OCTAVE * 20 + 1;
 const PERIOD: u64 = 500;
 /// Weight of the past at each recomputation.
 const DECAY: f64 = 0.9;
-/// Fewest ghost slots. A key survives about as many later insertions as
-/// the ghost has slots, and the returns worth learning come long after a
-/// small cache would have evicted the block: on the Mooncake conversation
-/// trace a conversation's next turn comes a median 6,300 new blocks
-/// later, a tenth of them after 24,000. 2^19 slots (4 MiB) instead of 2^16
-/// took its 1k- and 3k-block hit ratios from 0.0702 / 0.1081 to 0.0744 /
-/// 0.1154 (docs/EVICTION.md).
+/// Ghost slots per page, up to [`GHOST_FLOOR`]. A key survives about as
+/// many later insertions as the ghost has slots, and the returns worth
+/// learning come long after a small cache would have evicted the block:
+/// on the Mooncake conversation trace a conversation's next turn comes a
+/// median 6,300 new blocks later, a tenth of them after 24,000. 2^19
+/// slots (4 MiB) instead of 2^16 took its 1k- and 3k-block hit ratios
+/// from 0.0702 / 0.1081 to 0.0744 / 0.1154 (docs/EVICTION.md).
+const GHOST_PER_PAGE: usize = 512;
+/// The ghost's slots stop growing with [`GHOST_PER_PAGE`] here (from
+/// 1,024 pages on), and grow again as 8 per page from 64k pages.
 const GHOST_FLOOR: usize = 1 << 19;
+/// Fewest ghost slots (512 KiB), for small caches.
+const GHOST_MIN: usize = 1 << 16;
 /// Leaves sampled per eviction when the kept candidates are refused.
 const SAMPLE: usize = 64;
 /// Fresh leaves sampled per eviction, beside the kept candidates.
@@ -55,7 +60,8 @@ const OPEN: usize = 64;
 ///   one. The request's blocks, hit or new, take the request's turn count.
 /// - Every reuse of a key is a sample, whether the block was still cached
 ///   or not (a direct-mapped ghost keeps each key's last use and class,
-///   in at least [`GHOST_FLOOR`] slots whatever the capacity):
+///   in 512 slots per page, at least 2^16 and, from 1,024 pages to 64k,
+///   2^19; 8 per page beyond):
 ///   per class, a histogram of reuse gaps, and the count of uses that are
 ///   never followed by a reuse. Learning from the ghost rather than from
 ///   hits on what survived is what lets it find returns that come long
@@ -86,6 +92,9 @@ const OPEN: usize = 64;
 ///
 /// On the Mooncake traces (see `docs/EVICTION.md`) it meets every margin of
 /// the trace issue against LRU.
+///
+/// Memory: about 30 bytes per page and the ghost's 8 bytes per slot, 512
+/// KiB up to 128 pages and 4 MiB from 1,024 pages on.
 ///
 /// ```
 /// use kvslice_core::{DensityPolicy, EvictionPolicy, PageEvent, PageId};
@@ -149,11 +158,12 @@ impl Default for Page {
     }
 }
 
-/// A ghost entry in 8 bytes, so the ghost (at least [`GHOST_FLOOR`]
-/// entries) takes 4 MiB rather than twice that: a 32-bit tag of the key's fingerprint (independent of the bits
-/// that chose the slot), the request clock of the last use modulo 2^28,
-/// and the turns then (capped at 15; classes stop at 8). 0 is empty: a
-/// stored entry has at least one turn.
+/// A ghost entry in 8 bytes, so the ghost (2^19 entries for a cache of
+/// 1,024 pages) takes 4 MiB rather than twice that: a 32-bit tag of the
+/// key's fingerprint (independent of the bits that chose the slot), the
+/// request clock of the last use modulo 2^28, and the turns then (capped
+/// at 15; classes stop at 8). 0 is empty: a stored entry has at least one
+/// turn.
 #[derive(Debug, Clone, Copy, Default)]
 struct Ghost(u64);
 
@@ -226,7 +236,11 @@ impl DensityPolicy {
     /// A policy for pages `0..capacity`. Until its first tables (after 500
     /// requests) it ranks by age alone, like LRU.
     pub fn new(capacity: u32) -> Self {
-        let ghost = (8 * capacity as usize).max(GHOST_FLOOR).next_power_of_two();
+        let pages = capacity as usize;
+        let ghost = (GHOST_PER_PAGE * pages)
+            .clamp(GHOST_MIN, GHOST_FLOOR)
+            .max(8 * pages)
+            .next_power_of_two();
         let n = capacity as usize;
         let mut age_of_bin = [0.0; BINS];
         for (b, x) in age_of_bin.iter_mut().enumerate() {
