@@ -105,7 +105,7 @@ impl CpuEngine {
     /// rows in `full` (which see every key), one per other row (row `r`
     /// sees keys `visible(r)` of the span).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn scores_then_softmax(
+    fn scores_then_softmax(
         &self,
         dtype: kvslice_core::KvDtype,
         keys: &Block<'_>,
@@ -228,8 +228,8 @@ impl CpuEngine {
 /// one head's rows in each (no allocation per span).
 #[derive(Default)]
 pub(super) struct Regions<'a> {
-    pub(super) regions: [&'a [u8]; SPAN_BLOCKS],
-    pub(super) len: usize,
+    regions: [&'a [u8]; SPAN_BLOCKS],
+    len: usize,
 }
 
 impl<'a> Regions<'a> {
@@ -248,7 +248,7 @@ impl<'a> Regions<'a> {
 pub(super) struct Block<'a> {
     pub(super) segs: &'a [&'a [u8]],
     pub(super) ahead: &'a [&'a [u8]],
-    /// A scaled dtype's `n` row scales times [`raw_scale`] (else empty):
+    /// A scaled dtype's `n` row scales times [`raw_scale`](crate::kernels::raw_scale) (else empty):
     /// the kernels read its codes raw.
     pub(super) scales: &'a [f32],
     /// The head's index in the task (its slot of [`Scratch::weights`]).
@@ -273,7 +273,7 @@ pub(super) struct Block<'a> {
 impl Block<'_> {
     /// Row `r` of the head as a row of its kv head (a padding row repeats
     /// the last one).
-    pub(super) fn kv_row(&self, r: usize) -> usize {
+    fn kv_row(&self, r: usize) -> usize {
         (self.row0 + r).min(self.kv_rows - 1)
     }
 
@@ -288,7 +288,7 @@ impl Block<'_> {
 
     /// The span's only block (the general kernels read stored rows one
     /// block at a time), and its prefetch target.
-    pub(super) fn single(&self) -> (&[u8], &[u8]) {
+    fn single(&self) -> (&[u8], &[u8]) {
         // Spans of several blocks go to the four-row kernels or, for more
         // than four rows, through `widen`.
         assert_eq!(self.segs.len(), 1, "stored-row kernels take one block");

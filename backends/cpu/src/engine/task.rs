@@ -53,11 +53,7 @@ impl Partials {
 
     /// A kv head's `rows` rows from its groups of four (see
     /// `CpuEngine::row_groups()`), the padding dropped.
-    pub(super) fn from_groups(
-        groups: impl Iterator<Item = Partials>,
-        rows: usize,
-        hd: usize,
-    ) -> Self {
+    fn from_groups(groups: impl Iterator<Item = Partials>, rows: usize, hd: usize) -> Self {
         let mut whole = Partials::new(rows, hd);
         for (g, part) in groups.enumerate() {
             let (from, to) = (4 * g, (4 * g + 4).min(rows));
@@ -116,20 +112,20 @@ pub(super) struct Scratch {
 /// `CpuEngine::row_groups()`): where its query rows (token-major, then head
 /// in group, pre-scaled) sit in [`Scratch::q`], its softmax state, and
 /// where its K and V sit in a page (bytes).
-pub(super) struct HeadWork {
+struct HeadWork {
     /// Where its rows start among its kv head's rows (a row group's).
-    pub(super) row0: usize,
-    pub(super) q: std::ops::Range<usize>,
-    pub(super) part: Partials,
-    pub(super) k: std::ops::Range<usize>,
-    pub(super) v: std::ops::Range<usize>,
+    row0: usize,
+    q: std::ops::Range<usize>,
+    part: Partials,
+    k: std::ops::Range<usize>,
+    v: std::ops::Range<usize>,
     /// Where the scales of its K and V rows sit (scaled dtypes).
-    pub(super) k_scales: Option<std::ops::Range<usize>>,
-    pub(super) v_scales: Option<std::ops::Range<usize>>,
+    k_scales: Option<std::ops::Range<usize>>,
+    v_scales: Option<std::ops::Range<usize>>,
     /// Its query rows rounded to int8, once for every span, where the
     /// engine scores int8 keys against them (boxed: 2 KiB that every
     /// other task would carry empty).
-    pub(super) int8: Option<Box<Int8Queries>>,
+    int8: Option<Box<Int8Queries>>,
 }
 
 impl CpuEngine {

@@ -279,7 +279,7 @@ fn four_row_weighted_sum(
     }
 }
 
-/// Passes of [`weighted_sum_columns`] over rows of `d` elements: sixteen
+/// Passes of `sums::weighted_sum_columns` over rows of `d` elements: sixteen
 /// columns each, then eight (the tail beyond is scalar).
 fn column_passes(d: usize) -> usize {
     (d / 8 * 8).div_ceil(16)
@@ -351,6 +351,7 @@ unsafe fn load1<const E: u8>(p: *const u8, i: usize) -> f32 {
 
 /// Row sums of four accumulators: lane `i` of the result is the sum of
 /// `a[i]`'s eight lanes (three horizontal adds instead of four `hsum`s).
+#[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn hsum4(a: [__m256; 4]) -> __m128 {
     let u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));

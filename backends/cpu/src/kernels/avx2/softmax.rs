@@ -45,7 +45,7 @@ fn hadd(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)))
 }
 
-/// [`Kernels::softmax_rows`]: rows of whole vectors four at a time
+/// [`Kernels::softmax_rows`](crate::kernels::Kernels::softmax_rows): rows of whole vectors four at a time
 /// ([`softmax_four_rows`]), the rest in two passes over all of them
 /// (maxima, then exponentials and sums), so that the rows' dependency
 /// chains overlap.
@@ -135,6 +135,7 @@ unsafe fn softmax_rows_avx2(
 /// Four rows' old maxima's weights under their new ones,
 /// `e^(old − new)`, with the same polynomial as the scores; exactly 1 where
 /// a max held, as in the one-row path (also for a row still at -inf).
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn rescale_factors(old: __m128, new: __m128) -> __m128 {
     let grew = _mm_cmp_ps::<_CMP_GT_OQ>(new, old);
@@ -144,6 +145,7 @@ pub(super) fn rescale_factors(old: __m128, new: __m128) -> __m128 {
 
 /// Lane `i` of the result is the largest of `a[i]`'s eight lanes (the
 /// max counterpart of [`hsum4`]).
+#[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn hmax4(a: [__m256; 4]) -> __m128 {
     let pairs = |x, y| {
@@ -217,6 +219,7 @@ pub(super) fn exp(xs: &mut [f32]) {
 
 /// `e^x` for eight lanes: `x = n·ln2 + r`, a degree-6 polynomial for `e^r`
 /// (Cephes' `expf` coefficients), and `2^n` built in the exponent bits.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp8(x: __m256) -> __m256 {
     let x = _mm256_min_ps(

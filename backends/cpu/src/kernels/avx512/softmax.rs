@@ -30,7 +30,7 @@ pub(super) fn softmax_rows(
     };
 }
 
-/// [`Kernels::softmax_rows`] in two passes over all rows (maxima, then
+/// [`Kernels::softmax_rows`](crate::kernels::Kernels::softmax_rows) in two passes over all rows (maxima, then
 /// exponentials and sums), sixteen scores per step, the last one masked.
 ///
 /// # Safety
@@ -124,6 +124,7 @@ pub(super) fn exp(xs: &mut [f32]) {
 /// `e^x` for sixteen lanes: the AVX2 set's `exp8` (`x = n·ln2 + r`, Cephes'
 /// degree-6 polynomial for `e^r`, `2^n` built in the exponent bits), twice
 /// as wide.
+#[inline]
 #[target_feature(enable = "avx512f")]
 pub(super) fn exp16(x: __m512) -> __m512 {
     let x = _mm512_min_ps(
