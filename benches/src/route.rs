@@ -188,6 +188,9 @@ pub fn route(
     if cfg.balance.is_nan() || cfg.balance < 1.0 {
         return Err(Error::InvalidValue("balance must be at least 1").into());
     }
+    if cfg.departed_slots > kvslice_events::index::MAX_DEPARTED_SLOTS {
+        return Err(Error::InvalidValue("departed slots must be at most 2^30").into());
+    }
     let layout = trace_layout()?;
     let keys = keys(trace, layout)?;
     let mut stores = Vec::with_capacity(cfg.workers);

@@ -92,6 +92,12 @@ fn bad_configurations_are_refused() {
         let err = route(&trace, &c, Strategy::Prefix).unwrap_err().to_string();
         assert!(err.contains(want), "{err}");
     }
+    let mut huge = cfg(2, 10, 1.1);
+    huge.departed_slots = (1 << 30) + 1;
+    let err = route(&trace, &huge, Strategy::Prefix)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("departed slots must be at most 2^30"), "{err}");
     let mut bad = cfg(2, 10, 1.1);
     bad.policy = "fifo".into();
     assert!(
