@@ -72,6 +72,12 @@ struct Departed {
 
 type BlockId = (BlockHash, u32, u32);
 
+/// A key as the index names blocks: without its index (removals carry
+/// none; the chained hash already names the position).
+fn id(k: &SliceKey) -> BlockId {
+    (k.block, k.layer_group, k.head_shard)
+}
+
 /// A block's tag in the departed memory. Block hashes are keyed PRF
 /// outputs, so folding the words keeps them uniform.
 fn tag(k: &BlockId) -> u64 {
@@ -189,22 +195,25 @@ impl PrefixIndex {
     /// from it: its eviction policy outlives a clear. What the snapshot
     /// stores again is held, not departed.
     pub fn clear_worker(&mut self, worker: usize) {
-        let bit = 1u64 << worker;
-        for k in std::mem::take(&mut self.held[worker]) {
-            if self.forget(k, bit) {
-                self.remember_departed(&k, worker);
-            }
-        }
+        self.drop_held(worker, true);
     }
 
     /// `worker` is gone (its process left or restarted): forgets what it
     /// held, and stops naming it as the last holder of anything.
     pub fn forget_worker(&mut self, worker: usize) {
+        self.drop_held(worker, false);
+        self.epochs[worker] = self.epochs[worker].wrapping_add(1);
+    }
+
+    /// Drops every block `worker` holds; with `depart`, those no other
+    /// worker holds depart from it.
+    fn drop_held(&mut self, worker: usize, depart: bool) {
         let bit = 1u64 << worker;
         for k in std::mem::take(&mut self.held[worker]) {
-            self.forget(k, bit);
+            if self.forget(k, bit) && depart {
+                self.remember_departed(&k, worker);
+            }
         }
-        self.epochs[worker] = self.epochs[worker].wrapping_add(1);
     }
 
     /// Drops `bit` from `k`'s holders; true when no worker holds it now.
@@ -249,8 +258,8 @@ impl PrefixIndex {
     /// harness checks its blocks do not collide).
     #[cfg(feature = "fuzzing")]
     pub(crate) fn departed_slot(&self, key: &SliceKey) -> Option<usize> {
-        let id = (key.block, key.layer_group, key.head_shard);
-        self.departed_bits.map(|bits| Self::slot(tag(&id), bits))
+        self.departed_bits
+            .map(|bits| Self::slot(tag(&id(key)), bits))
     }
 
     /// `Some((depth, worker))`: `worker` last held `keys[depth - 1]`, the
@@ -299,7 +308,7 @@ impl PrefixIndex {
             return None;
         }
         keys.iter().enumerate().rev().find_map(|(depth, k)| {
-            let id = (k.block, k.layer_group, k.head_shard);
+            let id = id(k);
             let tag = tag(&id);
             let d = self.departed[Self::slot(tag, bits)];
             let w = (d.worker as usize).checked_sub(1)?;
@@ -322,11 +331,7 @@ impl PrefixIndex {
         let mut out = vec![0; self.workers];
         let mut alive = u64::MAX >> (MAX_WORKERS - self.workers);
         for (depth, k) in keys.iter().enumerate() {
-            let set = self
-                .holders
-                .get(&(k.block, k.layer_group, k.head_shard))
-                .copied()
-                .unwrap_or(0);
+            let set = self.holders.get(&id(k)).copied().unwrap_or(0);
             // Workers that held every block so far but not this one stop.
             let stopped = alive & !set;
             for (w, o) in out.iter_mut().enumerate() {
