@@ -6,7 +6,7 @@ use crate::layout::{KeyOrder, KvLayout, KvPart};
 
 /// Decodes the first `tokens` rows of one head's K or V matrix in `page`
 /// into `out` (`tokens × head_dim` f32 values, token-major whatever the
-/// layout's [`KeyOrder`](crate::KeyOrder)).
+/// layout's [`KeyOrder`]).
 ///
 /// ```
 /// use kvslice_core::{KvDtype, KvLayout, KvPart, LayoutSpec, PageBuf, PageId, read_head_rows};
