@@ -124,7 +124,13 @@ impl EventRing {
             // Acquire: the drainer's reads of the slot we may reuse
             // happened before it moved `head` past it.
             let h = self.drainer.head.load(Ordering::Acquire);
-            if t.wrapping_sub(h) > self.mask {
+            if h > t {
+                // `t` is stale: other producers claimed it and the drainer
+                // took it since. The tail is past `h` now; not full.
+                t = p.tail.load(Ordering::Relaxed);
+                continue;
+            }
+            if t - h > self.mask {
                 p.dropped.fetch_add(1, Ordering::Relaxed);
                 return false;
             }
