@@ -5,7 +5,7 @@
 use kvslice_core::epoch::Collector;
 use kvslice_core::{
     BlockHash, CacheStore, ClockPolicy, DensityPolicy, EvictionPolicy, KvDtype, KvLayout,
-    LayoutSpec, Life, PageHandle, PageId, PagePool, SliceKey, SliceMap,
+    LayoutSpec, Life, LruPolicy, PageHandle, PageId, PagePool, SliceKey, SliceMap,
 };
 use kvslice_loom_tests::{Arc, model, model_with_preemptions, thread};
 
@@ -335,5 +335,58 @@ fn buffered_hit_races_eviction() {
         assert_eq!(info.refs, 0);
         assert_eq!(info.life == Life::Free, evicted + again == 1);
         assert_eq!(store.stats().evictions, u64::from(evicted + again));
+    });
+}
+
+/// Two threads each evicting one of a parent's two children (one through
+/// `allocate`, whose evictions stay tentative until it commits, one through
+/// `evict`): whichever detaches the last child tells the policy that the
+/// parent is a leaf again, so it can be evicted next. A policy that parks
+/// parents (LRU) would otherwise never offer it again.
+#[test]
+fn a_parent_whose_children_go_at_once_becomes_evictable() {
+    model(|| {
+        let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap();
+        let pool = PagePool::new(layout, 3).unwrap();
+        let store =
+            Arc::new(CacheStore::from_parts(pool, LruPolicy::new(3), Collector::new()).unwrap());
+        {
+            let local = store.map().collector().register();
+            let guard = local.pin();
+            let req = store.begin_request();
+            let mut pages = store.allocate(3, &guard).unwrap().into_iter();
+            let parent = store
+                .publish(&req, pages.next().unwrap(), key(0), None, 1, &guard)
+                .unwrap();
+            for (i, page) in (1..3).zip(pages) {
+                drop(
+                    store
+                        .publish(&req, page, key(i), Some(&parent), 1, &guard)
+                        .unwrap(),
+                );
+            }
+            drop(parent);
+            store.end_request(req).unwrap();
+        }
+        let allocator = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                store
+                    .allocate(1, &local.pin())
+                    .map(|p| p.len())
+                    .unwrap_or(0)
+            })
+        };
+        let evicted = spawn_evictor(&store).join().unwrap();
+        assert_eq!((allocator.join().unwrap(), evicted), (1, 1));
+        // Both children went; the parent must be next.
+        let local = store.map().collector().register();
+        let guard = local.pin();
+        assert_eq!(
+            store.evict(1, &guard).unwrap(),
+            1,
+            "the parent stayed parked"
+        );
     });
 }

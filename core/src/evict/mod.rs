@@ -190,7 +190,9 @@ pub trait EvictionPolicy: Send + Sync {
 
     /// `event.page` lost its last cached child and can be evicted again. Its
     /// last use is older than its children's, so under recency it is next in
-    /// line (ignored by default).
+    /// line (ignored by default). It may come more than once for one page,
+    /// or for a page this policy already gave up from `evict_one`: both
+    /// must change nothing.
     fn on_became_leaf(&self, event: PageEvent) {
         let _ = event;
     }

@@ -420,8 +420,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             victims.push(ev);
         }
         for ev in victims {
-            // Parents that became leaves were announced above.
-            pages.push(self.commit_eviction(ev, false, guard)?);
+            // A parent announced above is announced again if its last
+            // child goes now (the policies take that as a no-op), and one
+            // that was not, because another thread evicted its other
+            // children meanwhile, is announced here.
+            pages.push(self.commit_eviction(ev, guard)?);
         }
         Ok(pages)
     }
@@ -462,12 +465,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     }
 
     /// Removes an evicted page's key, detaches it from its parent (telling
-    /// the policy if the parent became a leaf, when `notify_parent`) and
-    /// hands the page back for refilling.
+    /// the policy if the parent became a leaf) and hands the page back for
+    /// refilling.
     fn commit_eviction<'s>(
         &'s self,
         ev: Evicting<'s, 'm>,
-        notify_parent: bool,
         guard: &Guard,
     ) -> Result<PageMut<'s, 'm>> {
         let handle = ev.handle();
@@ -482,7 +484,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             self.emit(|| crate::events::KvEvent::Removed { key });
         }
         if let Some(parent) = meta.parent() {
-            self.detach_child(parent, notify_parent);
+            self.detach_child(parent);
         }
         let spread = fingerprint(&key);
         let tokens = meta.valid_tokens();
@@ -497,9 +499,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         Ok(page)
     }
 
-    fn detach_child(&self, parent: PageHandle, notify: bool) {
+    fn detach_child(&self, parent: PageHandle) {
         let pm = self.meta(parent.id());
-        if pm.children.fetch_sub(1, Relaxed) == 1 && notify {
+        if pm.children.fetch_sub(1, Relaxed) == 1 {
             self.policy
                 .on_became_leaf(self.event(parent.id(), &pm.key(), 0));
         }
@@ -517,7 +519,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 taken.is_some()
             });
             let Some(ev) = taken else { break };
-            drop(self.commit_eviction(ev, true, guard)?);
+            drop(self.commit_eviction(ev, guard)?);
             done += 1;
         }
         Ok(done)
@@ -632,7 +634,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         if self.pool.try_evict(handle).is_ok()
             && let Some(parent) = parent
         {
-            self.detach_child(parent, true);
+            self.detach_child(parent);
         }
     }
 
