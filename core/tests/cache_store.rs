@@ -221,6 +221,17 @@ fn failed_allocate_leaves_the_store_as_it_was() {
         2
     );
     assert_eq!(store.stats().evictions, 0);
+    // More pages than the pool has: refused at once, without reserving
+    // room for them (u32::MAX guards would be 64 GiB).
+    assert!(matches!(
+        store.allocate(u32::MAX, &guard),
+        Err(Error::CapacityExhausted(_))
+    ));
+    assert!(matches!(
+        store.allocate(6, &guard),
+        Err(Error::CapacityExhausted(_))
+    ));
+    assert_eq!(store.stats().evictions, 0);
     drop(held);
 }
 

@@ -189,6 +189,11 @@ fn refused_calls_say_why_and_change_nothing() {
                 KvsStatus::CapacityExhausted,
             ),
             (
+                "allocate, more than memory holds",
+                kvs_allocate(f.req, 0, 0, u32::MAX, &mut n),
+                KvsStatus::CapacityExhausted,
+            ),
+            (
                 "publish, a cached slot",
                 kvs_publish(f.req, 0, &f.keys[0], 2, &mut page),
                 KvsStatus::InvalidArgument,

@@ -364,6 +364,10 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// [`Error::CapacityExhausted`].
     pub fn allocate<'s>(&'s self, n: u32, guard: &Guard) -> Result<Vec<PageMut<'s, 'm>>> {
         self.map.check_guard(guard)?;
+        if n > self.pool.capacity() {
+            // Before anything is evicted, or room made for `n` guards.
+            return Err(Error::CapacityExhausted("more pages than the pool has"));
+        }
         if let Ok(batch) = self.pool.alloc_many(n) {
             return Ok(batch.collect());
         }
