@@ -255,4 +255,37 @@ fn bad_input_is_an_error_and_changes_nothing() {
     let other = collector.register();
     assert!(store.allocate(1, &other.pin()).is_err());
     assert!(CacheStore::new(layout(), 4, LruPolicy::new(3)).is_err());
+    // A page of another store: its index names one of this store's pages.
+    let held = serve(&store, &chain(2, 1)).unwrap();
+    let foreign = CacheStore::new(layout(), 2, LruPolicy::new(2)).unwrap();
+    let fg = foreign.pin();
+    let mut page = foreign.allocate(1, &fg).unwrap().pop().unwrap();
+    assert_eq!(page.handle().id(), held[0].handle().id(), "the same index");
+    page.bytes_mut()[0] = 0xAB;
+    let key = chain(3, 1)[0];
+    assert!(matches!(
+        store.publish(&req, page, key, None, BT, &guard),
+        Err(Error::InvalidValue(_))
+    ));
+    assert_eq!(
+        foreign.pool().free_pages(),
+        2,
+        "the page went back to its own pool"
+    );
+    assert_eq!(store.stats().inserts, 1);
+    let mut found = Vec::new();
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &[key], 4, &guard, &mut found)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &chain(2, 1), 4, &guard, &mut found)
+            .unwrap(),
+        1
+    );
+    assert_eq!(found[0].bytes()[0], 0, "chain 2's own bytes");
+    drop((found, held));
 }

@@ -29,6 +29,11 @@ impl<'p, 'm> PageMut<'p, 'm> {
         self.handle
     }
 
+    /// The pool the page belongs to.
+    pub(crate) fn pool(&self) -> &'p PagePool<'m> {
+        self.pool
+    }
+
     /// The page's bytes.
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: this guard is the page's only accessor: the page is

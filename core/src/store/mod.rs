@@ -556,6 +556,10 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 bound: u64::from(block_tokens) + 1,
             });
         }
+        if !core::ptr::eq(page.pool(), &self.pool) {
+            // Its index would name one of ours: another block's bytes.
+            return Err(Error::InvalidValue("page from another store"));
+        }
         if let Some(p) = parent
             && !core::ptr::eq(p.pool(), &self.pool)
         {
