@@ -188,3 +188,35 @@ fn alloc_many_all_or_nothing_under_contention() {
         assert_all_free(&pool);
     });
 }
+
+/// `alloc_many` walks the free stack's links before its compare-and-swap;
+/// a page popped and published meanwhile no longer holds a link where the
+/// walk reads one (its reference count is there, here 4 on a 3-page
+/// pool). The walk must start again, not follow it out of the pool.
+#[test]
+fn alloc_many_walks_past_pages_reused_under_it() {
+    model(|| {
+        let pool = pool(3);
+        let walker = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.alloc_many(3).map(|b| b.count()).unwrap_or(0))
+        };
+        let user = {
+            let pool = pool.clone();
+            thread::spawn(move || {
+                let (Ok(a), Ok(b)) = (pool.alloc(), pool.alloc()) else {
+                    return;
+                };
+                let cached = b.publish();
+                let refs: Vec<_> = (0..3)
+                    .map(|_| pool.try_acquire(cached.handle()).unwrap())
+                    .collect();
+                assert_eq!(pool.page_info(cached.handle().id()).unwrap().refs, 4);
+                drop((a, refs, cached));
+            })
+        };
+        let walked = walker.join().unwrap();
+        user.join().unwrap();
+        assert!(walked == 3 || walked == 0, "all or nothing");
+    });
+}

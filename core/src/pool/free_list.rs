@@ -106,6 +106,13 @@ impl FreeList {
                     continue 'retry;
                 }
                 below = link(states, below);
+                if below as usize > states.len() {
+                    // Not a link: the page was popped and reused since
+                    // (a cached page's word holds its reference count
+                    // there), so the stack moved under us.
+                    head = self.head.load(Ordering::Acquire);
+                    continue 'retry;
+                }
             }
             match self.head.compare_exchange(
                 head,
