@@ -89,7 +89,7 @@ pub use evict::{
 pub use key::{BlockHash, ChainHasher, HashSecret, KeyScope, SliceKey};
 pub use layout::{
     F8E4M3_MAX, HeadShard, I8_MAX, KeyOrder, KvDtype, KvLayout, KvPart, LayerGrouping, LayoutSpec,
-    SCALED_ZERO_BELOW, f8e4m3_from_f32, f8e4m3_to_f32,
+    MAX_LANES, SCALED_ZERO_BELOW, f8e4m3_from_f32, f8e4m3_to_f32,
 };
 pub use map::{MapCensus, SliceMap};
 pub use page::{

@@ -141,6 +141,25 @@ pub enum KvPart {
     V,
 }
 
+/// Most (layer group, head shard) lanes a layout may have: a request
+/// keeps a list of pages per lane, and the largest models have a few
+/// thousand (128 layers × 64 kv heads is 8,192).
+///
+/// ```
+/// use kvslice_core::{KvDtype, KvLayout, LayerGrouping, LayoutSpec, MAX_LANES};
+///
+/// // One lane per layer and kv head.
+/// let lanes = |layers| {
+///     LayoutSpec::new(layers, 1024, 1024, 8, 16, KvDtype::F16)
+///         .with_grouping(LayerGrouping::PerLayer)
+///         .with_head_shards(1024)
+/// };
+/// assert_eq!(1024 * 1024, MAX_LANES);
+/// assert!(KvLayout::new(lanes(1024)).is_ok());
+/// assert!(KvLayout::new(lanes(1025)).is_err());
+/// ```
+pub const MAX_LANES: u32 = 1 << 20;
+
 /// A validated layout. Construct with [`KvLayout::new`].
 ///
 /// ```
@@ -180,9 +199,10 @@ impl KvLayout {
     /// Validates `spec` and precomputes the page geometry.
     ///
     /// Errors with [`Error::InvalidLayout`] for zero sizes, query heads that
-    /// are not a multiple of kv heads, a zero-sized layer group or more head
-    /// shards than kv heads, and with [`Error::Overflow`] when a page would
-    /// not fit in memory.
+    /// are not a multiple of kv heads, a zero-sized layer group, more head
+    /// shards than kv heads or more than [`MAX_LANES`] (layer group, head
+    /// shard) lanes, and with [`Error::Overflow`] when a page would not fit
+    /// in memory or a query row (`num_q_heads × head_dim`) not in a `u32`.
     pub fn new(spec: LayoutSpec) -> Result<Self> {
         let nonzero = [
             (spec.num_layers, "num_layers is zero"),
@@ -213,6 +233,18 @@ impl KvLayout {
         };
         let num_groups = spec.num_layers.div_ceil(layers_per_group);
         let max_shard_heads = spec.num_kv_heads.div_ceil(spec.head_shards);
+        // Widths and counts that callers hold in a u32.
+        if spec.num_q_heads.checked_mul(spec.head_dim).is_none() {
+            return Err(Error::Overflow("query row (num_q_heads × head_dim)"));
+        }
+        if num_groups
+            .checked_mul(spec.head_shards)
+            .is_none_or(|lanes| lanes > MAX_LANES)
+        {
+            return Err(Error::InvalidLayout(
+                "more than MAX_LANES (layer group, head shard) lanes",
+            ));
+        }
 
         let mul = |a: usize, b: u32, what| a.checked_mul(b as usize).ok_or(Error::Overflow(what));
         let head_stride = mul(spec.block_tokens as usize, spec.head_dim, "head stride")?;
@@ -488,6 +520,13 @@ mod tests {
         ));
         let ok = LayoutSpec::new(1 << 20, 1 << 12, 1 << 12, 1 << 12, 1 << 12, KvDtype::F16);
         assert_eq!(KvLayout::new(ok).unwrap().page_bytes(), 1 << 58);
+        // Small pages whose query row or lane count a u32 cannot hold.
+        let wide = LayoutSpec::new(1, 1 << 16, 1, 1 << 16, 1, KvDtype::F32);
+        assert!(matches!(KvLayout::new(wide), Err(Error::Overflow(_))));
+        let lanes = LayoutSpec::new(1 << 16, 1 << 16, 1 << 16, 1, 1, KvDtype::F32)
+            .with_grouping(LayerGrouping::PerLayer)
+            .with_head_shards(1 << 16);
+        assert!(matches!(KvLayout::new(lanes), Err(Error::InvalidLayout(_))));
     }
 
     #[test]
