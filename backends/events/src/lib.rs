@@ -34,7 +34,7 @@ pub mod fuzzing;
 #[cfg(feature = "zmq")]
 pub use publisher::{Publisher, PublisherConfig};
 #[cfg(feature = "zmq")]
-pub use subscriber::{Source, Subscriber, SubscriberStats};
+pub use subscriber::{RESTART_RUN, Source, Subscriber, SubscriberStats};
 /// The ZeroMQ bindings the publisher and subscriber use (their errors are
 /// `zmq::Error`).
 #[cfg(feature = "zmq")]

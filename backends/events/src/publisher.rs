@@ -184,9 +184,11 @@ impl Publisher {
     }
 
     /// Sends `events` as batches of at most the configured size; returns
-    /// how many batches.
+    /// how many batches. If a send fails, that batch and the rest are
+    /// still numbered and kept for replay, and the first error is
+    /// returned.
     pub fn send(&mut self, events: &[KvEvent], medium: Medium) -> Result<usize, zmq::Error> {
-        let mut sent = 0;
+        let (mut sent, mut failed) = (0, None);
         for chunk in events.chunks(self.config.max_batch_events.max(1)) {
             let wire = fold(chunk, self.config.block_size, medium);
             let ts = SystemTime::now()
@@ -195,23 +197,33 @@ impl Publisher {
             let payload = encode(ts, &wire);
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.publish.send_multipart(
-                [
-                    self.config.topic.as_bytes(),
-                    &seq.to_be_bytes()[..],
-                    &payload[..],
-                ],
-                0,
-            )?;
+            // A batch that fails to send keeps its number, and so do the
+            // rest of the call's: kept for replay all the same, they are
+            // a gap a subscriber can fill, not a hole.
+            if failed.is_none() {
+                match self.publish.send_multipart(
+                    [
+                        self.config.topic.as_bytes(),
+                        &seq.to_be_bytes()[..],
+                        &payload[..],
+                    ],
+                    0,
+                ) {
+                    Ok(()) => sent += 1,
+                    Err(e) => failed = Some(e),
+                }
+            }
             if self.replay.is_some() && self.config.replay_batches > 0 {
                 if self.kept.len() == self.config.replay_batches {
                     self.kept.pop_front();
                 }
                 self.kept.push_back((seq, payload));
             }
-            sent += 1;
         }
-        Ok(sent)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(sent),
+        }
     }
 
     /// Answers replay requests for up to `timeout_ms` (0: only those

@@ -36,7 +36,20 @@ pub struct SubscriberStats {
     /// Batches whose sequence number was not above the last applied one:
     /// dropped (duplicates, or a publisher that went backwards).
     pub backwards: u64,
+    /// Publishers taken to have restarted: [`RESTART_RUN`] batches in a
+    /// row numbered one after another below what was seen before.
+    pub restarts: u64,
 }
+
+/// Backwards batches in a row, each numbered one past the one before,
+/// that mean a worker's publisher restarted (its numbers began again at
+/// 0): the worker is then forgotten ([`Subscriber::forget_worker`]) and
+/// its new stream applied from its start, replayed where it can be.
+pub const RESTART_RUN: u32 = 3;
+
+/// Batches one replay reply is read for at most; a reply still going
+/// past them is cut off like one that timed out.
+const MAX_REPLAY_BATCHES: usize = 1 << 16;
 
 /// Problems kept for a log: the most recent ones.
 const PROBLEMS_KEPT: usize = 32;
@@ -44,12 +57,16 @@ const PROBLEMS_KEPT: usize = 32;
 struct Worker {
     sub: zmq::Socket,
     replay: Option<zmq::Socket>,
+    replay_endpoint: Option<String>,
     /// The next sequence number to apply: every batch below it has been
     /// applied (or counted as unfilled).
     next: u64,
     /// The next sequence number expected live: below it is a duplicate or
     /// a publisher that went backwards.
     live_next: u64,
+    /// Backwards batches in a row, each one past the one before, and the
+    /// last of them.
+    behind: (u32, u64),
 }
 
 /// Subscribes to every worker's events and keeps a [`PrefixIndex`] of what
@@ -60,7 +77,11 @@ struct Worker {
 /// A batch whose sequence number skips ahead asks that worker's replay
 /// socket for the missing range before it applies, so the index sees every
 /// batch in order; the first batch from a worker asks for everything
-/// before it the same way.
+/// before it the same way. A replay that times out is left behind with
+/// its socket, so its late reply cannot answer a later request. A worker
+/// whose numbers start again ([`RESTART_RUN`] batches in a row below
+/// what it sent before) is taken to have restarted: forgotten, then
+/// followed from its new start.
 ///
 /// ```
 /// use kvslice_core::events::{EventRing, Medium};
@@ -93,7 +114,7 @@ struct Worker {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Subscriber {
-    _ctx: zmq::Context,
+    ctx: zmq::Context,
     workers: Vec<Worker>,
     index: PrefixIndex,
     stats: SubscriberStats,
@@ -127,23 +148,20 @@ impl Subscriber {
             sub.set_subscribe(b"")?;
             sub.connect(&s.endpoint)?;
             let replay = match &s.replay_endpoint {
-                Some(ep) => {
-                    let d = ctx.socket(zmq::DEALER)?;
-                    d.set_linger(0)?;
-                    d.connect(ep)?;
-                    Some(d)
-                }
+                Some(ep) => Some(replay_socket(&ctx, ep)?),
                 None => None,
             };
             workers.push(Worker {
                 sub,
                 replay,
+                replay_endpoint: s.replay_endpoint.clone(),
                 next: 0,
                 live_next: 0,
+                behind: (0, 0),
             });
         }
         Ok(Self {
-            _ctx: ctx,
+            ctx,
             index: PrefixIndex::new(sources.len()),
             workers,
             stats: SubscriberStats::default(),
@@ -182,9 +200,13 @@ impl Subscriber {
     }
 
     /// Forgets what `worker` held, and that it held anything: for a
-    /// worker known to be gone ([`PrefixIndex::forget_worker`]).
+    /// worker known to be gone or restarted ([`PrefixIndex::forget_worker`]).
+    /// Its sequence numbers are forgotten too, so the next batch it sends
+    /// starts a new stream, replayed from 0 where the publisher kept it.
     pub fn forget_worker(&mut self, worker: usize) {
         self.index.forget_worker(worker);
+        let w = &mut self.workers[worker];
+        (w.next, w.live_next, w.behind) = (0, 0, (0, 0));
     }
 
     /// Applies every message waiting now, after waiting up to `timeout_ms`
@@ -260,13 +282,33 @@ impl Subscriber {
                 return Ok(());
             }
         };
-        let worker = &mut self.workers[w];
-        if seq < worker.live_next {
-            let last = worker.live_next - 1;
-            self.stats.backwards += 1;
-            self.problem(format!("worker {w}: batch {seq} after {last}"));
+        if seq == u64::MAX {
+            // Nothing can follow it: a publisher does not get there.
+            self.stats.malformed += 1;
+            self.problem(format!("worker {w}: sequence number {seq}"));
             return Ok(());
         }
+        let worker = &mut self.workers[w];
+        if seq < worker.live_next {
+            let (run, last) = worker.behind;
+            let run = if run > 0 && seq == last.wrapping_add(1) {
+                run + 1
+            } else {
+                1
+            };
+            worker.behind = (run, seq);
+            if run < RESTART_RUN {
+                let last = worker.live_next - 1;
+                self.stats.backwards += 1;
+                self.problem(format!("worker {w}: batch {seq} after {last}"));
+                return Ok(());
+            }
+            self.stats.restarts += 1;
+            self.problem(format!("worker {w}: restarted (batch {seq})"));
+            self.forget_worker(w);
+        }
+        let worker = &mut self.workers[w];
+        worker.behind = (0, 0);
         worker.live_next = seq + 1;
         if seq > worker.next {
             self.stats.gaps += 1;
@@ -285,11 +327,19 @@ impl Subscriber {
     fn fill(&mut self, w: usize, to: u64) -> Result<(), zmq::Error> {
         let from = self.workers[w].next;
         let mut got = Vec::new();
+        let mut ended = true;
         if let Some(replay) = &self.workers[w].replay {
-            replay.send(&from.to_be_bytes()[..], 0)?;
+            // Never wait to send: a replay socket that is not there would
+            // queue requests until it blocked the router.
+            ended = false;
+            let sent = match replay.send(&from.to_be_bytes()[..], zmq::DONTWAIT) {
+                Ok(()) => true,
+                Err(zmq::Error::EAGAIN) => false,
+                Err(e) => return Err(e),
+            };
             let deadline = std::time::Instant::now()
                 + std::time::Duration::from_millis(self.replay_timeout_ms.max(0) as u64);
-            loop {
+            while sent && got.len() < MAX_REPLAY_BATCHES {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if replay.poll(zmq::POLLIN, left.as_millis() as i64)? == 0 {
                     break;
@@ -304,10 +354,19 @@ impl Subscriber {
                     continue;
                 };
                 if seq < 0 {
+                    ended = true;
                     break;
                 }
                 got.push((seq as u64, payload.clone()));
             }
+        }
+        if !ended {
+            // What is left of this reply would answer the next request:
+            // a new socket leaves it behind.
+            self.problem(format!(
+                "worker {w}: replay from {from} unanswered or cut off"
+            ));
+            self.reset_replay(w)?;
         }
         for (seq, payload) in got {
             let next = self.workers[w].next;
@@ -328,8 +387,16 @@ impl Subscriber {
         Ok(())
     }
 
+    fn reset_replay(&mut self, w: usize) -> Result<(), zmq::Error> {
+        if let Some(ep) = &self.workers[w].replay_endpoint {
+            // The old socket closes without lingering, late replies and all.
+            self.workers[w].replay = Some(replay_socket(&self.ctx, ep)?);
+        }
+        Ok(())
+    }
+
     fn unfilled(&mut self, w: usize, from: u64, to: u64) {
-        self.stats.unfilled += to - from;
+        self.stats.unfilled = self.stats.unfilled.saturating_add(to - from);
         self.problem(format!("worker {w}: batches {from}..{to} lost"));
     }
 
@@ -355,4 +422,11 @@ impl Subscriber {
             }
         }
     }
+}
+
+fn replay_socket(ctx: &zmq::Context, endpoint: &str) -> Result<zmq::Socket, zmq::Error> {
+    let d = ctx.socket(zmq::DEALER)?;
+    d.set_linger(0)?;
+    d.connect(endpoint)?;
+    Ok(d)
 }

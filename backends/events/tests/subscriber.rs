@@ -235,3 +235,153 @@ fn bad_input_is_counted_and_costs_nothing_known() {
     sub.forget_worker(0);
     assert_eq!(sub.index().blocks_of(0), 0);
 }
+
+fn stored_block(b: u128) -> WireEvent {
+    WireEvent::Stored {
+        hashes: vec![BlockHash(b)],
+        parent: None,
+        tokens: vec![16],
+        block_size: 16,
+        medium: "GPU".into(),
+        layer_group: 0,
+        head_shard: 0,
+        first_block_index: 0,
+    }
+}
+
+fn knows(sub: &Subscriber, b: u128) -> bool {
+    let k = SliceKey {
+        block: BlockHash(b),
+        block_index: 0,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    sub.index().overlaps(&[k])[0] == 1
+}
+
+/// Polls until `done` or 30 seconds pass.
+fn poll_until(sub: &mut Subscriber, done: impl Fn(&Subscriber) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done(sub) {
+        assert!(Instant::now() < deadline, "{:?}", sub.stats());
+        sub.poll(20).unwrap();
+    }
+}
+
+/// A replay that answers after the subscriber gave up on it: its late
+/// reply, end marker and all, must not be taken for the answer to the
+/// next gap's request.
+#[test]
+fn a_late_replay_reply_answers_no_later_request() {
+    let ctx = zmq::Context::new();
+    let worker = ctx.socket(zmq::XPUB).unwrap();
+    worker.bind("tcp://127.0.0.1:*").unwrap();
+    let replay = ctx.socket(zmq::ROUTER).unwrap();
+    replay.bind("tcp://127.0.0.1:*").unwrap();
+    let mut sub = Subscriber::connect(
+        &[Source {
+            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
+            replay_endpoint: Some(replay.get_last_endpoint().unwrap().unwrap()),
+        }],
+        200,
+    )
+    .unwrap();
+    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let payload = |seq: u64| encode(1.0, &[stored_block(100 + u128::from(seq))]);
+    let (late_sent, wait_late) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let reply = |id: &[u8], seqs: std::ops::Range<u64>| {
+            for seq in seqs {
+                let p = payload(seq);
+                replay
+                    .send_multipart([id, &seq.to_be_bytes()[..], &p[..]], 0)
+                    .unwrap();
+            }
+            let end = (-1i64).to_be_bytes();
+            replay.send_multipart([id, &end[..], &[][..]], 0).unwrap();
+        };
+        let first = replay.recv_multipart(0).unwrap();
+        assert_eq!(first[1], 0u64.to_be_bytes(), "the first gap starts at 0");
+        // Past the subscriber's 200 ms.
+        std::thread::sleep(Duration::from_millis(600));
+        reply(&first[0], 0..2);
+        late_sent.send(()).unwrap();
+        let second = replay.recv_multipart(0).unwrap();
+        let from = u64::from_be_bytes(second[1].as_slice().try_into().unwrap());
+        reply(&second[0], from..5);
+    });
+    let live = |seq: u64| {
+        let p = payload(seq);
+        worker
+            .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
+            .unwrap();
+    };
+    live(2);
+    poll_until(&mut sub, |s| s.next_seq(0) == 3);
+    assert_eq!(sub.stats().unfilled, 2, "the first replay timed out");
+    wait_late.recv().unwrap();
+    live(5);
+    poll_until(&mut sub, |s| s.next_seq(0) == 6);
+    server.join().unwrap();
+    let stats = sub.stats();
+    assert_eq!(
+        (stats.gaps, stats.replayed, stats.unfilled),
+        (2, 2, 2),
+        "{stats:?}"
+    );
+    let known: Vec<bool> = (100..106).map(|b| knows(&sub, b)).collect();
+    assert_eq!(known, [false, false, true, true, true, true]);
+}
+
+/// A publisher that starts again from 0 (its worker restarted) is
+/// followed from its new start once its numbers run on for
+/// `RESTART_RUN` batches, and what the worker held before is forgotten;
+/// a sequence number nothing can follow is refused.
+#[test]
+fn a_restarted_publisher_is_followed_from_its_new_start() {
+    let ctx = zmq::Context::new();
+    let worker = ctx.socket(zmq::XPUB).unwrap();
+    worker.bind("tcp://127.0.0.1:*").unwrap();
+    let mut sub = Subscriber::connect(
+        &[Source {
+            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
+            replay_endpoint: None,
+        }],
+        100,
+    )
+    .unwrap();
+    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let batch = |seq: u64, b: u128| {
+        let p = encode(1.0, &[stored_block(b)]);
+        worker
+            .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
+            .unwrap();
+    };
+    for seq in 0..4 {
+        batch(seq, 1 + u128::from(seq));
+    }
+    poll_until(&mut sub, |s| s.next_seq(0) == 4);
+    assert!((1..5).all(|b| knows(&sub, b)));
+    // Restarted: 0, 1, 2 again, with other blocks.
+    for seq in 0..u64::from(kvslice_events::RESTART_RUN) {
+        batch(seq, 10 + u128::from(seq));
+    }
+    poll_until(&mut sub, |s| s.stats().restarts == 1);
+    let stats = sub.stats();
+    let run = u64::from(kvslice_events::RESTART_RUN);
+    assert_eq!(sub.next_seq(0), run);
+    assert_eq!(stats.backwards, run - 1, "{stats:?}");
+    // No replay socket: the run's first batches are lost, and counted.
+    assert_eq!(stats.unfilled, run - 1, "{stats:?}");
+    assert!(
+        (1..5).all(|b| !knows(&sub, b)),
+        "the old blocks are forgotten"
+    );
+    assert!(knows(&sub, 10 + u128::from(run - 1)));
+    batch(u64::MAX, 99);
+    batch(run, 50);
+    poll_until(&mut sub, |s| s.next_seq(0) == run + 1);
+    let stats = sub.stats();
+    assert_eq!(stats.malformed, 1, "{stats:?}");
+    assert!(knows(&sub, 50) && !knows(&sub, 99));
+}
