@@ -116,7 +116,7 @@ fn main() {
                 s.spawn(move || {
                     let store =
                         CacheStore::new(layout(), CHAIN, LruPolicy::new(CHAIN)).expect("store");
-                    let tiered = TieredStore::new(&store, tier);
+                    let tiered = TieredStore::new(&store, tier).expect("one layout");
                     let mut n = 0;
                     for c in 0..CHAINS_PER_THREAD {
                         let keys: Vec<SliceKey> =

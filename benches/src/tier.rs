@@ -315,8 +315,7 @@ fn serve<E: EvictionPolicy>(
     let mut held: Vec<PageRef<'_, 'static>> = Vec::new();
     let (local, remote) = match tier {
         Some(t) => {
-            let hit =
-                TieredStore::new(store, t).lookup(&req, keys, input as usize, &guard, &mut held)?;
+            let hit = tiered(store, t)?.lookup(&req, keys, input as usize, &guard, &mut held)?;
             for (r, key) in held[hit.local..].iter().zip(&keys[hit.local..]) {
                 if r.bytes()[..16] != key.block.0.to_le_bytes() {
                     wrong.fetch_add(1, Relaxed);
@@ -376,9 +375,7 @@ fn fill<'s, E: EvictionPolicy>(
         page.bytes_mut()[..16].copy_from_slice(&key.block.0.to_le_bytes());
         let valid = (input - u64::from(key.block_index) * bt).min(bt) as u32;
         let r = match tier {
-            Some(t) => {
-                TieredStore::new(store, t).publish(req, page, *key, held.last(), valid, guard)?
-            }
+            Some(t) => tiered(store, t)?.publish(req, page, *key, held.last(), valid, guard)?,
             None => store.publish(req, page, *key, held.last(), valid, guard)?,
         };
         held.push(r);
@@ -470,4 +467,12 @@ pub fn table(reports: &[TierReport]) -> String {
         }
     }
     s
+}
+
+/// `store` with `tier` behind it: both are built from the trace's layout.
+fn tiered<'a, E: EvictionPolicy>(
+    store: &'a CacheStore<'static, E>,
+    tier: &'a RedisTier,
+) -> Result<TieredStore<'a, E>, Error> {
+    TieredStore::new(store, tier).map_err(|_| Error::InvalidValue("store and tier layouts differ"))
 }

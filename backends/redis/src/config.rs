@@ -66,7 +66,7 @@ pub fn default_urls() -> String {
 impl TierConfig {
     /// Defaults for `urls` (comma-separated): namespace `kvslice`, TTL one
     /// hour, connect timeout 250 ms, reply timeout 500 ms, 4096 queued
-    /// spills written by 1 thread, fetches of 16 keys, spill on evict
+    /// spills written by 2 threads, fetches of 16 keys, spill on evict
     /// only, backoff 50 ms to 2 s.
     pub fn new(urls: &str) -> Self {
         Self {
@@ -179,6 +179,8 @@ pub enum TierError {
     ClusterNotOk(String),
     /// Several URLs, but the server is not in cluster mode.
     NotACluster(String),
+    /// A store whose pages are not of the tier's layout.
+    LayoutMismatch(String),
 }
 
 impl fmt::Display for TierError {
@@ -189,6 +191,7 @@ impl fmt::Display for TierError {
             Self::Auth(m) => write!(f, "the tier refused the credentials: {m}"),
             Self::ClusterNotOk(m) => write!(f, "the Redis cluster is not ok: {m}"),
             Self::NotACluster(m) => write!(f, "several URLs, but {m} is not in cluster mode"),
+            Self::LayoutMismatch(m) => write!(f, "store and tier layouts differ: {m}"),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! call.
 
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::config::{TierConfig, TierError};
 
@@ -138,11 +138,14 @@ impl Conn {
                     // A cluster pipeline fails whole on any error reply:
                     // ask again one command at a time to learn which
                     // (rare: error replies are faults).
-                    Err(e) if is_reply(&e) => pipe
+                    // A redirect (MOVED, ASK) is not a fault of the key:
+                    // the connection's slot map is stale, and only a new
+                    // connection reads it again (retries are off).
+                    Err(e) if is_reply(&e) && !is_redirect(&e) => pipe
                         .cmd_iter()
                         .map(|c| match c.query::<Value>(con) {
                             Ok(v) => Ok(Reply::from(v)),
-                            Err(e) if is_reply(&e) => Ok(Reply::Refused),
+                            Err(e) if is_reply(&e) && !is_redirect(&e) => Ok(Reply::Refused),
                             Err(e) => Err(e),
                         })
                         .collect(),
@@ -151,6 +154,15 @@ impl Conn {
             }
         }
     }
+}
+
+/// Whether `e` is a redirect (MOVED or ASK): the cluster moved the key's
+/// slot since the connection read its map.
+pub(crate) fn is_redirect(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    )
 }
 
 /// Whether `e` is an error reply from the server rather than a failure of

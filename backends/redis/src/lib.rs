@@ -6,8 +6,8 @@
 //!
 //! - **Spill on evict.** A store built with
 //!   [`with_spill`](kvslice_core::CacheStore::with_spill)`(Box::new(tier.sink()))`
-//!   copies each evicted block into a bounded queue; one thread writes the
-//!   queue to Redis in pipelines. Eviction never waits on the network: a
+//!   copies each evicted block into a bounded queue; writer threads (two
+//!   by default) write the queue to Redis in pipelines. Eviction never waits on the network: a
 //!   full queue drops the spill and counts it. With
 //!   [`TierConfig::write_through`], blocks go out when published as well.
 //! - **Fetch on miss.** [`TieredStore::lookup`] serves the local prefix,

@@ -11,7 +11,8 @@ pub struct TierStats {
     pub spilled_blocks: u64,
     /// Bytes written to Redis, headers included.
     pub spilled_bytes: u64,
-    /// Spills dropped because the queue was full.
+    /// Spills dropped because the queue was full, or because the page was
+    /// not the size of the tier's pages (a store of another layout).
     pub spill_dropped: u64,
     /// Spills lost to a failed connection, or dropped while the tier was
     /// backing off.

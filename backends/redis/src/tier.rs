@@ -137,8 +137,14 @@ impl RedisTier {
         self.shared.counters.snapshot()
     }
 
+    /// The layout of the pages it holds.
+    pub fn layout(&self) -> &KvLayout {
+        &self.shared.layout
+    }
+
     /// A sink that queues evicted blocks for this tier (see
-    /// [`SpillSink`]); as many as wanted, for several stores.
+    /// [`SpillSink`]); as many as wanted, for several stores of the
+    /// tier's layout (a page of another size is dropped and counted).
     pub fn sink(&self) -> TierSink {
         TierSink {
             shared: Arc::clone(&self.shared),
@@ -192,14 +198,14 @@ impl RedisTier {
             Counters::add(&s.counters.skipped_while_down, 1);
             return 0;
         }
+        Counters::add(&s.counters.fetches, 1);
         let Some(mut con) = s.take_conn() else {
-            Counters::add(&s.counters.skipped_while_down, 1);
+            Counters::add(&s.counters.fetch_errors, 1);
             return 0;
         };
-        Counters::add(&s.counters.fetches, 1);
         let started = Instant::now();
         let mut taken = 0;
-        let mut healthy = true;
+        let mut outcome = ConnState::Healthy;
         'batches: for batch in keys.chunks(s.cfg.fetch_batch) {
             let cmds: Vec<Cmd> = batch
                 .iter()
@@ -211,9 +217,13 @@ impl RedisTier {
                 .collect();
             let values = match con.run(cmds) {
                 Ok(v) => v,
-                Err(_) => {
+                Err(e) => {
                     Counters::add(&s.counters.fetch_errors, 1);
-                    healthy = false;
+                    outcome = if crate::conn::is_redirect(&e) {
+                        ConnState::Stale
+                    } else {
+                        ConnState::Failed
+                    };
                     break;
                 }
             };
@@ -248,7 +258,7 @@ impl RedisTier {
             }
         }
         s.counters.latency.record(started.elapsed());
-        s.give_back(con, healthy);
+        s.give_back(con, outcome);
         taken
     }
 
@@ -294,6 +304,10 @@ fn enqueue(
     valid_tokens: u32,
     page: &[u8],
 ) -> bool {
+    if page.len() != s.layout.page_bytes() {
+        Counters::add(&s.counters.spill_dropped, 1);
+        return false;
+    }
     s.pending.fetch_add(1, Relaxed);
     let mut bytes = s.free.pop().unwrap_or_default();
     bytes.clear();
@@ -408,20 +422,21 @@ impl Shared {
         }
     }
 
-    /// Returns a connection to the pool, or drops it and backs off when it
-    /// failed.
-    fn give_back(&self, con: Conn, healthy: bool) {
-        if healthy {
+    /// Returns a connection to the pool, or drops it: and the idle ones
+    /// with it, which most likely point at the same failed node or hold
+    /// the same stale slot map; after a failure, backs off too.
+    fn give_back(&self, con: Conn, outcome: ConnState) {
+        if outcome == ConnState::Healthy {
             self.failures.store(0, Relaxed);
             self.idle
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(con);
-        } else {
-            drop(con);
-            // The other idle connections most likely point at the same
-            // failed node: start afresh after the backoff.
-            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            return;
+        }
+        drop(con);
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        if outcome == ConnState::Failed {
             self.failed();
         }
     }
@@ -435,4 +450,15 @@ impl Shared {
             .min(self.cfg.max_backoff);
         *self.down_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + wait);
     }
+}
+
+/// How a connection came out of a fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnState {
+    Healthy,
+    /// Redirected (MOVED, ASK): the cluster moved slots since the
+    /// connection read its map. Nothing failed; a new connection reads
+    /// the map again.
+    Stale,
+    Failed,
 }

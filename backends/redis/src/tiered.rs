@@ -4,6 +4,7 @@
 use kvslice_core::epoch::Guard;
 use kvslice_core::{CacheStore, EvictionPolicy, PageMut, PageRef, RequestTicket, Result, SliceKey};
 
+use crate::config::TierError;
 use crate::tier::RedisTier;
 
 /// How a prefix lookup was served.
@@ -38,7 +39,7 @@ impl TieredHit {
 /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32))?;
 /// let tier = RedisTier::open(layout, TierConfig::new("redis://127.0.0.1:6379"))?;
 /// let store = CacheStore::new(layout, 64, LruPolicy::new(64))?.with_spill(Box::new(tier.sink()));
-/// let tiered = TieredStore::new(&store, &tier);
+/// let tiered = TieredStore::new(&store, &tier)?;
 /// let keys: Vec<SliceKey> = (0..3)
 ///     .map(|i| SliceKey { block: BlockHash(100 + i), block_index: i as u32, layer_group: 0, head_shard: 0 })
 ///     .collect();
@@ -56,9 +57,17 @@ pub struct TieredStore<'a, E: EvictionPolicy> {
 }
 
 impl<'a, E: EvictionPolicy> TieredStore<'a, E> {
-    /// `store` with `tier` behind it.
-    pub fn new(store: &'a CacheStore<'static, E>, tier: &'a RedisTier) -> Self {
-        Self { store, tier }
+    /// `store` with `tier` behind it; the two must share a layout, or
+    /// pages would be labelled and read as the wrong one.
+    pub fn new(store: &'a CacheStore<'static, E>, tier: &'a RedisTier) -> Result<Self, TierError> {
+        if store.layout() != tier.layout() {
+            return Err(TierError::LayoutMismatch(format!(
+                "store {:?}, tier {:?}",
+                store.layout().spec(),
+                tier.layout().spec()
+            )));
+        }
+        Ok(Self { store, tier })
     }
 
     /// The local store.

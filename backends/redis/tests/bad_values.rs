@@ -61,7 +61,7 @@ fn bad_values_are_counted_misses_and_deleted() {
     let _: () = con.rpush(tier.redis_key(&key(5)), "x").unwrap();
 
     let store = CacheStore::new(layout, 16, LruPolicy::new(16)).unwrap();
-    let tiered = TieredStore::new(&store, &tier);
+    let tiered = TieredStore::new(&store, &tier).unwrap();
     let guard = store.pin();
     for (n, (i, _, what)) in cases.iter().enumerate() {
         let req = store.begin_request();

@@ -50,7 +50,7 @@ fn spill_chain(tier: &RedisTier, c: u64) {
 /// bytes and returns how many came from the tier, and how long it took.
 fn fetch_chain(tier: &RedisTier, c: u64) -> (usize, Duration) {
     let store = CacheStore::new(layout(), 16, LruPolicy::new(16)).unwrap();
-    let tiered = TieredStore::new(&store, tier);
+    let tiered = TieredStore::new(&store, tier).unwrap();
     let keys: Vec<SliceKey> = (0..8).map(|i| key(c, i)).collect();
     let (guard, req) = (store.pin(), store.begin_request());
     let mut held = Vec::new();
@@ -231,7 +231,7 @@ fn a_node_killed_under_a_concurrent_replay_costs_no_data_and_no_thread() {
                     let store = CacheStore::new(layout(), 16, LruPolicy::new(16))
                         .unwrap()
                         .with_spill(Box::new(tier.sink()));
-                    let tiered = TieredStore::new(&store, tier);
+                    let tiered = TieredStore::new(&store, tier).unwrap();
                     let mut step = 0u64;
                     loop {
                         let now = phase.load(SeqCst);
@@ -317,4 +317,85 @@ fn a_node_killed_under_a_concurrent_replay_costs_no_data_and_no_thread() {
             "the tier was not used again after the node returned: {after:?}"
         );
     });
+}
+
+/// A node's id, port and slot ranges, from `CLUSTER NODES`.
+fn masters(cluster: &common::OwnServers, port: u16) -> Vec<(String, u16, Vec<(u16, u16)>)> {
+    cluster
+        .cli(port, &["cluster", "nodes"])
+        .lines()
+        .filter(|l| l.contains("master"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = f[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+            let ranges = f[8..]
+                .iter()
+                .filter(|r| !r.starts_with('['))
+                .map(|r| match r.split_once('-') {
+                    Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                    None => (r.parse().unwrap(), r.parse().unwrap()),
+                })
+                .collect();
+            (f[0].to_string(), port, ranges)
+        })
+        .collect()
+}
+
+/// Moves the slot of `redis_key` to another master, its keys with it
+/// (`CLUSTER SETSLOT ... IMPORTING / MIGRATING`, `MIGRATE`, then `NODE`
+/// on every master), as a resharding does.
+fn move_slot(cluster: &common::OwnServers, ports: &[u16], redis_key: &str) {
+    let slot: u16 = cluster
+        .cli(ports[0], &["cluster", "keyslot", redis_key])
+        .trim()
+        .parse()
+        .unwrap();
+    let nodes = masters(cluster, ports[0]);
+    let from = nodes
+        .iter()
+        .find(|n| n.2.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .expect("an owner");
+    let to = nodes
+        .iter()
+        .find(|n| n.0 != from.0)
+        .expect("another master");
+    let s = slot.to_string();
+    cluster.cli(to.1, &["cluster", "setslot", &s, "importing", &from.0]);
+    cluster.cli(from.1, &["cluster", "setslot", &s, "migrating", &to.0]);
+    let keys = cluster.cli(from.1, &["cluster", "getkeysinslot", &s, "1000"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(!keys.is_empty(), "slot {slot} holds {redis_key}");
+    let to_port = to.1.to_string();
+    let mut migrate = vec!["migrate", "127.0.0.1", &to_port, "", "0", "5000", "keys"];
+    migrate.extend(&keys);
+    assert_eq!(cluster.cli(from.1, &migrate).trim(), "OK");
+    for &p in ports {
+        cluster.cli(p, &["cluster", "setslot", &s, "node", &to.0]);
+    }
+}
+
+/// A slot moved to another node (a resharding, a failover): a fetch that
+/// meets the redirect drops its connection, whose slot map is stale,
+/// without backing off, and the next fetch reads the new map and serves
+/// every block.
+#[test]
+fn a_moved_slot_is_followed_by_the_next_fetch() {
+    let Some(cluster) = common::OwnServers::start("moved", &["--port", "7240"]) else {
+        return;
+    };
+    let tier = RedisTier::open(layout(), TierConfig::new(&cluster.urls)).unwrap();
+    spill_chain(&tier, 7);
+    assert!(tier.flush(Duration::from_secs(20)));
+    assert_eq!(fetch_chain(&tier, 7).0, 8, "{:?}", tier.stats());
+    move_slot(&cluster, &[7240, 7241, 7242], &tier.redis_key(&key(7, 0)));
+    // The pooled connection still has the old map: this fetch may miss.
+    let first = fetch_chain(&tier, 7).0;
+    assert_eq!(
+        fetch_chain(&tier, 7).0,
+        8,
+        "first {first}, {:?}",
+        tier.stats()
+    );
+    let s = tier.stats();
+    assert_eq!(s.skipped_while_down, 0, "a redirect is no failure: {s:?}");
 }

@@ -63,7 +63,7 @@ fn every_dtype_and_key_order_round_trips() {
 
             // Replica B has none of them locally: all four come from the tier.
             let b = CacheStore::new(layout, 8, LruPolicy::new(8)).unwrap();
-            let tiered = TieredStore::new(&b, &tier);
+            let tiered = TieredStore::new(&b, &tier).unwrap();
             let (guard, req) = (b.pin(), b.begin_request());
             let mut got = Vec::new();
             let hit = tiered.lookup(&req, &keys, 29, &guard, &mut got).unwrap();
