@@ -1,15 +1,16 @@
 //! A tier that cannot work fails at open, with the reason: an unreachable
 //! URL, a wrong scheme, refused credentials, a cluster that is not ok,
-//! several URLs that are not a cluster, settings that cannot work. Starts
-//! its own servers (`.ci/redis-cluster.sh`); prints `SKIPPED` without
-//! redis-server, unless `KVSLICE_REQUIRE_REDIS=1`.
+//! several URLs that are not a cluster, settings that cannot work; and a
+//! store of another layout is refused by the tier it would share. Starts
+//! its own servers (`.ci/redis-cluster.sh`, or uses the shared cluster);
+//! prints `SKIPPED` without redis-server, unless `KVSLICE_REQUIRE_REDIS=1`.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use kvslice_core::{KvDtype, KvLayout, LayoutSpec};
-use kvslice_redis::{RedisTier, TierConfig, TierError};
+use kvslice_core::{CacheStore, KeyOrder, KvDtype, KvLayout, LayoutSpec, LruPolicy, SpillSink};
+use kvslice_redis::{RedisTier, TierConfig, TierError, TieredStore};
 
 fn layout() -> KvLayout {
     KvLayout::new(LayoutSpec::new(1, 1, 1, 4, 4, KvDtype::F32)).unwrap()
@@ -93,4 +94,36 @@ fn refused_credentials_and_clusters_that_are_not_ok() {
     let e = open(TierConfig::new(&bare.urls));
     assert!(matches!(e, TierError::ClusterNotOk(_)), "{e}");
     println!("bare nodes: {e}");
+}
+
+/// A store whose layout is not the tier's would label its pages with the
+/// tier's layout and read fetched pages as its own: refused. Its sink
+/// drops (and counts) pages of another size.
+#[test]
+fn a_store_of_another_layout_is_refused() {
+    let spec = LayoutSpec::new(1, 2, 2, 8, 4, KvDtype::F16);
+    let tier_layout = KvLayout::new(spec.with_key_order(KeyOrder::DimMajor)).unwrap();
+    let Some(tier) = common::tier(tier_layout, "layout", |c| c) else {
+        return;
+    };
+    // Same page size, another key order.
+    let other = KvLayout::new(spec).unwrap();
+    assert_eq!(other.page_bytes(), tier_layout.page_bytes());
+    let store = CacheStore::new(other, 4, LruPolicy::new(4)).unwrap();
+    assert!(matches!(
+        TieredStore::new(&store, &tier),
+        Err(TierError::LayoutMismatch(_))
+    ));
+    let same = CacheStore::new(tier_layout, 4, LruPolicy::new(4)).unwrap();
+    assert!(TieredStore::new(&same, &tier).is_ok());
+    let key = kvslice_core::SliceKey {
+        block: kvslice_core::BlockHash(7),
+        block_index: 0,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    tier.sink().evicted(&key, 4, &[0u8; 3]);
+    assert_eq!(tier.stats().spill_dropped, 1);
+    assert!(tier.flush(Duration::from_secs(5)));
+    assert_eq!(tier.stats().spilled_blocks, 0);
 }
