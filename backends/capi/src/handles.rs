@@ -40,10 +40,21 @@ impl Object {
     }
 }
 
-static OBJECTS: LazyLock<Slab<Object>> = LazyLock::new(Slab::new);
+/// The slab's shape. A key packs a slot's generation above its address
+/// and thread: the default shape leaves the generation 13 bits, so a
+/// slot reused 8,192 times would make a stale handle name a live object
+/// again. Sixteen pages of slots per thread (up to 2 million live
+/// handles each) leave it 29 bits: half a billion reuses of one slot.
+pub(crate) struct HandleShape;
+
+impl sharded_slab::Config for HandleShape {
+    const MAX_PAGES: usize = 16;
+}
+
+static OBJECTS: LazyLock<Slab<Object, HandleShape>> = LazyLock::new(Slab::new_with_config);
 
 /// A live object, borrowed from the slab for one call.
-pub(crate) type Entry = sharded_slab::Entry<'static, Object>;
+pub(crate) type Entry = sharded_slab::Entry<'static, Object, HandleShape>;
 
 /// Stores `object` and returns its id (never 0: 0 is the null handle).
 pub(crate) fn insert(object: Object) -> Outcome<u64> {

@@ -94,7 +94,9 @@ thread_local! {
 fn set_last_error(message: &str) {
     // An interior NUL would cut the C string short; show it instead.
     let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+    // After the thread's locals are gone (a C `atexit` handler, a
+    // pthread key destructor) the message is lost rather than the process.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = text);
 }
 
 /// Runs one entry point's body: its failure becomes a status and the
@@ -126,5 +128,7 @@ pub(crate) fn call(body: impl FnOnce() -> Outcome) -> KvsStatus {
 /// call on the same thread; copy it to keep it.
 #[unsafe(no_mangle)]
 pub extern "C" fn kvs_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }

@@ -588,3 +588,29 @@ fn eight_bit_layouts_size_their_pages_as_core_does() {
         assert_eq!(info.page_bytes, core.page_bytes());
     }
 }
+
+/// A handle's slot is reused by later objects of the same thread; the
+/// stale handle must stay refused long after the slab's default 8,192
+/// generations would have come round to it again.
+#[test]
+fn a_stale_handle_stays_refused_after_its_slot_is_reused() {
+    let f = fixture();
+    let (mut old, mut r) = (KvsRequest { id: 0 }, KvsRequest { id: 0 });
+    // SAFETY: live locals.
+    assert_eq!(
+        unsafe { kvs_request_begin(f.store, &mut old) },
+        KvsStatus::Ok
+    );
+    assert_eq!(kvs_request_end(old), KvsStatus::Ok);
+    let mut reused = 0;
+    for _ in 0..20_000 {
+        // SAFETY: a live local.
+        assert_eq!(unsafe { kvs_request_begin(f.store, &mut r) }, KvsStatus::Ok);
+        reused += usize::from(r.id & 0xFFFF_FFFF == old.id & 0xFFFF_FFFF);
+        assert_ne!(r.id, old.id, "a stale handle named a live request");
+        assert_eq!(kvs_request_truncate(old, 0, 0, 0), KvsStatus::InvalidHandle);
+        assert_eq!(kvs_request_end(r), KvsStatus::Ok);
+    }
+    assert!(reused > 10_000, "the slot was reused {reused} times");
+    assert_eq!(kvs_request_end(old), KvsStatus::InvalidHandle);
+}
