@@ -147,13 +147,16 @@ impl Trace {
     /// Blank lines are ignored.
     pub fn read(input: impl BufRead, skip_bad_lines: bool) -> Result<Self, TraceError> {
         let mut trace = Trace::default();
-        for (i, text) in input.lines().enumerate() {
+        for (i, bytes) in input.split(b'\n').enumerate() {
             let line = i as u64 + 1;
-            let text = text.map_err(|e| TraceError::Io(e.to_string()))?;
-            if text.trim().is_empty() {
-                continue;
-            }
-            match parse_line(&text, line) {
+            let bytes = bytes.map_err(|e| TraceError::Io(e.to_string()))?;
+            // A line that is not UTF-8 is a malformed line like any other.
+            let parsed = match std::str::from_utf8(&bytes) {
+                Ok(text) if text.trim().is_empty() => continue,
+                Ok(text) => parse_line(text, line),
+                Err(_) => Err(bad(line, "not valid UTF-8")),
+            };
+            match parsed {
                 Ok(r) => trace.requests.push(r),
                 Err(_) if skip_bad_lines => trace.skipped_lines += 1,
                 Err(e) => return Err(TraceError::Parse(e)),
@@ -251,5 +254,14 @@ mod tests {
             [3, 9]
         );
         assert_eq!(t.blocks(), 2);
+        // A line that is not UTF-8 is malformed like any other.
+        let mut bytes = text.as_bytes().to_vec();
+        bytes.extend_from_slice(b"\xff\xfe\r\n");
+        let err = Trace::read(&bytes[..], false).unwrap_err();
+        assert_eq!(err.to_string(), "malformed trace line 3: not valid JSON");
+        let t = Trace::read(&bytes[..], true).unwrap();
+        assert_eq!((t.skipped_lines, t.requests.len()), (2, 2));
+        let err = Trace::read(&b"\xff\n"[..], false).unwrap_err();
+        assert_eq!(err.to_string(), "malformed trace line 1: not valid UTF-8");
     }
 }
