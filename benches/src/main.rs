@@ -65,7 +65,7 @@ struct ServeArgs {
     #[arg(long, default_value = "cpu")]
     engine: String,
     /// Requests in the stream.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     requests: usize,
     /// Distinct system prompts the requests share.
     #[arg(long, default_value_t = 3)]
@@ -700,8 +700,10 @@ fn run_serve(args: &ServeArgs) -> Result<(), String> {
         );
     } else {
         println!(
-            "served {} requests on the {} engine (4 layers, 8 q / 2 kv heads, head_dim 64, f16 KV)",
-            report.requests, report.engine
+            "served {} requests on the {} engine (4 layers, 8 q / 2 kv heads, head_dim 64, {} KV)",
+            report.requests,
+            report.engine,
+            cfg.kv_dtype.name()
         );
         println!(
             "  prompt tokens:        {} ({} reused from cache)",

@@ -52,7 +52,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "cpu")]
     pub engine: String,
     /// Storage dtype of K/V pages: f16, bf16, f32, int8 or fp8-e4m3 (8-bit
-    /// types with a scale per row; the cpu and reference engines read them).
+    /// types with a scale per row; every engine reads them).
     #[arg(long, default_value = "f16")]
     pub kv_dtype: String,
     /// `dense-prefill`: prompts through weights dequantized to f32, single
@@ -120,7 +120,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// Most tokens to generate per turn.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_new: usize,
     /// Recompute every prompt instead of reusing cached K/V.
     #[arg(long)]
@@ -213,7 +213,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let prompt = model.codec.encode(&text).map_err(|e| e.to_string())?;
         println!("\n> {turn}");
-        let mut shown = String::new();
+        let mut printed = 0;
         let mut ids = Vec::new();
         let mut stdout = std::io::stdout();
         let codec = &model.codec;
@@ -223,18 +223,19 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
                     return;
                 }
                 ids.push(t);
-                // Print what the decoded text gained (a token may end
-                // mid-character).
                 if let Ok(s) = codec.decode(&ids)
-                    && s.len() > shown.len()
-                    && s.is_char_boundary(shown.len())
+                    && let Some(new) = streamed(&s, printed, false)
                 {
-                    let _ = write!(stdout, "{}", &s[shown.len()..]);
+                    let _ = write!(stdout, "{new}");
                     let _ = stdout.flush();
-                    shown = s;
+                    printed += new.len();
                 }
             })
             .map_err(|e| e.to_string())?;
+        let reply = codec.decode(&ids).map_err(|e| e.to_string())?;
+        if let Some(rest) = streamed(&reply, printed, true) {
+            print!("{rest}");
+        }
         println!();
         if let Some(d) = &g.dropped {
             eprintln!(
@@ -253,7 +254,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
             g.tokens.len(),
             g.steps.len() as f64 / decode_s.max(1e-9)
         );
-        history.push(("assistant".into(), shown));
+        history.push(("assistant".into(), reply));
     }
     let s = store.stats();
     eprintln!(
@@ -271,6 +272,19 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// What of `decoded` (the reply so far) to print after the `printed`
+/// bytes already shown. A token may end inside a character, which decodes
+/// as U+FFFD until the next token completes it: those trailing U+FFFDs
+/// wait, unless the reply is `done`.
+fn streamed(decoded: &str, printed: usize, done: bool) -> Option<&str> {
+    let stable = if done {
+        decoded
+    } else {
+        decoded.trim_end_matches('\u{FFFD}')
+    };
+    (stable.len() > printed && stable.is_char_boundary(printed)).then(|| &stable[printed..])
+}
+
 /// `kvslice profile`.
 #[derive(Args, Clone, Debug)]
 pub struct ProfileArgs {
@@ -284,7 +298,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub conversations: Option<usize>,
     /// Tokens generated per turn (at most).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_new: usize,
     /// Strategies to run (comma-separated), or all of them.
     #[arg(long, value_delimiter = ',')]
@@ -303,7 +317,7 @@ pub struct KvAccuracyArgs {
     /// The GGUF (default: as for `generate`).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Attention engine: cpu or reference (wgpu stores no 8-bit pages).
+    /// Attention engine: cpu, reference or wgpu.
     #[arg(long, default_value = "cpu")]
     pub engine: String,
     /// K/V dtypes to compare (comma-separated), the first the baseline.
@@ -313,7 +327,7 @@ pub struct KvAccuracyArgs {
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/chat_workload.json"))]
     pub workload: PathBuf,
     /// Tokens of each baseline reply (at most).
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 48, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_new: usize,
     /// A text file whose log-likelihood is scored (default: a built-in
     /// passage of about 220 tokens).
@@ -554,4 +568,27 @@ pub fn run_model_bench(args: &ModelBenchArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::streamed;
+
+    /// An emoji split over two tokens: nothing of it is shown until it is
+    /// whole, then all of it, and the text after it as it comes.
+    #[test]
+    fn a_character_split_over_tokens_is_shown_whole() {
+        let mut printed = 0;
+        let mut shown = String::new();
+        for decoded in ["Hi ", "Hi \u{FFFD}", "Hi \u{1F600}", "Hi \u{1F600} there"] {
+            if let Some(new) = streamed(decoded, printed, false) {
+                shown.push_str(new);
+                printed += new.len();
+            }
+        }
+        assert_eq!(shown, "Hi \u{1F600} there");
+        // A reply that really ends in U+FFFD shows it at the end.
+        assert_eq!(streamed("ok\u{FFFD}", 2, false), None);
+        assert_eq!(streamed("ok\u{FFFD}", 2, true), Some("\u{FFFD}"));
+    }
 }

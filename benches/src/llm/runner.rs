@@ -218,7 +218,12 @@ where
             None => (original.to_vec(), None),
         };
         let prompt = &kept[..];
-        let total = prompt.len() + max_new;
+        let total = prompt.len().saturating_add(max_new);
+        if max_new == 0 {
+            return Err(LlmError::Cache(kvslice_core::Error::InvalidValue(
+                "max_new must be at least 1 (the first token is generated with the prompt)",
+            )));
+        }
         if prompt.is_empty() {
             return Err(LlmError::Cache(kvslice_core::Error::InvalidValue(
                 "an empty prompt",
