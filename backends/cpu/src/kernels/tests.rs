@@ -508,3 +508,42 @@ fn widening_is_exact_for_every_16_bit_pattern() {
         }
     }
 }
+
+/// Four-row weighted sums of int8 values under weights far below 1 (tiny
+/// V scales times softmax weights): each set's result is the plain sum,
+/// not zero, however small the weights (the byte kernels round weights
+/// against their largest, which must not overflow).
+#[test]
+fn tiny_weights_are_summed_not_dropped() {
+    let (d, n) = (64usize, 4usize);
+    let codes: Vec<u8> = (0..n * d).map(|i| (i % 200) as u8).collect();
+    for scale in [1e-20f32, 1e-34, 1e-37, 1e-40] {
+        let w: Vec<f32> = (0..4 * n).map(|i| scale * (1.0 + i as f32)).collect();
+        // The sum, and the sum of its terms' magnitudes (terms may cancel).
+        let (mut want, mut size) = (vec![0f64; 4 * d], vec![0f64; 4 * d]);
+        for j in 0..n {
+            for r in 0..4 {
+                for c in 0..d {
+                    let t = f64::from(w[j * 4 + r]) * f64::from(codes[j * d + c] as i8);
+                    want[r * d + c] += t;
+                    size[r * d + c] += t.abs();
+                }
+            }
+        }
+        for k in all() {
+            let Some(fk) = k.stored.and_then(|s| s.four_rows) else {
+                continue;
+            };
+            let mut acc = vec![0f32; 4 * d];
+            (fk.weighted_sum)(KvDtype::I8, &w, &[&codes[..]], &mut acc, &[]);
+            for (i, (&g, &e)) in acc.iter().zip(&want).enumerate() {
+                let tol = 1e-3 * size[i] + 1e-45;
+                assert!(
+                    (f64::from(g) - e).abs() <= tol,
+                    "{} scale {scale:e} element {i}: {g:e} vs {e:e}",
+                    k.name
+                );
+            }
+        }
+    }
+}

@@ -100,6 +100,11 @@ fn four_row_weighted_sum(
     let Some(max) = (unsafe { row_maxima(p.as_ptr(), n) }) else {
         return avx512::four_row_weighted_sum(dtype, p, values, acc, ahead);
     };
+    // Weights so small that 65535 over their largest overflows would all
+    // round to 0: those rows take the f32 kernel.
+    if max.iter().any(|&m| m > 0.0 && !(65535.0 / m).is_finite()) {
+        return avx512::four_row_weighted_sum(dtype, p, values, acc, ahead);
+    }
     // SAFETY: the shape checks above bound every access (`p` `4·n`
     // weights, the segments `n` whole rows of `d` codes, `acc` `4·d`,
     // `d % 64 == 0`); AVX-512 F, BW, VL, VNNI and VBMI are present.
