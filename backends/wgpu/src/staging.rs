@@ -73,10 +73,15 @@ impl<P: PageMemoryMut + ?Sized> AttentionEngine<P> for StagingEngine {
         }
         let device = staged.as_mut().expect("made above");
         let bt = layout.block_tokens() as usize;
+        // The blocks a window hides may be released already: placeholders,
+        // not pages, and nothing the shaders read.
         let mut ids: Vec<PageId> = batch
             .seqs
             .iter()
-            .flat_map(|s| s.block_table[..s.kv_len.div_ceil(bt)].iter().copied())
+            .flat_map(|s| {
+                let first = s.first_block(batch.window, bt as u32);
+                s.block_table[first..s.kv_len.div_ceil(bt)].iter().copied()
+            })
             .collect();
         ids.sort_unstable();
         ids.dedup();

@@ -390,7 +390,9 @@ impl WgpuEngine {
         let (ax, ay) = self.grid(p.work_items)?;
         let (mx, my) = self.grid(p.merge_items)?;
         let gpu = &*self.gpu;
-        gpu.scoped(|| -> Result<()> {
+        // Bind groups first, in a scope of their own: one wgpu refuses
+        // must not reach a pass, which would spoil the caller's encoder.
+        let (attend_group, merge_group) = gpu.scoped(|| -> Result<_> {
             let attend_params = step.params.push(
                 gpu,
                 Params {
@@ -430,6 +432,9 @@ impl WgpuEngine {
                 ],
                 None,
             );
+            Ok((attend_group, merge_group))
+        })??;
+        gpu.scoped(|| {
             let mut pass = encoder.begin_compute_pass(&Default::default());
             pass.set_pipeline(&attend);
             pass.set_bind_group(0, &attend_group, &[]);
@@ -437,8 +442,7 @@ impl WgpuEngine {
             pass.set_pipeline(&merge);
             pass.set_bind_group(0, &merge_group, &[]);
             pass.dispatch_workgroups(mx, my, 1);
-            Ok(())
-        })?
+        })
     }
 
     /// Records one layer's new K/V of the planned batch into `encoder`:
@@ -520,7 +524,10 @@ impl WgpuEngine {
         } else {
             layout.head_dim()
         };
-        let items = 2 * tokens * kv_heads * per_row;
+        let items = [tokens, kv_heads, per_row]
+            .into_iter()
+            .try_fold(2u32, u32::checked_mul)
+            .ok_or(Error::Overflow("new K/V elements of one append"))?;
         let (gx, gy) = self.grid(items.div_ceil(WORKGROUP_SIZE))?;
         let slot = params.push(
             &self.gpu,
@@ -534,11 +541,14 @@ impl WgpuEngine {
             .words(),
         )?;
         let [k, v, dests] = inputs;
-        let group = self.bind_group(
-            &pipeline,
-            vec![uniform(&slot), k, v, dests],
-            Some((pages, first_pool_binding(Kernel::WriteKv))),
-        );
+        // In a scope of its own, as in `record_attend`.
+        let group = self.gpu.scoped(|| {
+            self.bind_group(
+                &pipeline,
+                vec![uniform(&slot), k, v, dests],
+                Some((pages, first_pool_binding(Kernel::WriteKv))),
+            )
+        })?;
         let mut pass = encoder.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &group, &[]);
@@ -590,6 +600,15 @@ impl WgpuEngine {
                 detail: format!(
                     "the {what} offset {} is not a multiple of {} (WgpuEngine::offset_alignment)",
                     r.offset, self.gpu.storage_align
+                ),
+            });
+        }
+        if bytes > self.gpu.max_binding {
+            return Err(Error::Device {
+                kind: DeviceFailure::Unsupported,
+                detail: format!(
+                    "the {what} region needs {bytes} bytes bound at once; the adapter binds at most {}",
+                    self.gpu.max_binding
                 ),
             });
         }

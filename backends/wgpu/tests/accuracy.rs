@@ -63,6 +63,21 @@ fn window_suite_passes() {
     }
 }
 
+/// The staging engine (host pages copied up per call) over the same
+/// windows: the blocks before a window are placeholders, which it must not
+/// try to copy.
+#[test]
+fn window_suite_passes_through_staging() {
+    let Some(e) = engine("window_suite_passes_through_staging") else {
+        return;
+    };
+    let staging = kvslice_wgpu::StagingEngine::new(e);
+    let n = window_suite_on(&staging, &[KeyOrder::TokenMajor], &KvDtype::ALL, |host| {
+        host.clone()
+    });
+    assert!(n > 100, "{n} checks");
+}
+
 /// Tiny splits (many workgroups per tile, so the merge runs) and about six
 /// bindings per memory (chunk selection), for both kernels; the
 /// one-key-per-thread kernel unpacks f16 from words here.

@@ -597,6 +597,9 @@ fn bad_regions_and_steps_are_typed_errors_before_recording() {
     e.device()
         .poll(wgpu::PollType::wait_indefinitely())
         .unwrap();
+    // Nor did finishing it lose the engine.
+    e.plan(&mut step, &pages, 0, &seqs, None)
+        .expect("the engine is still usable");
 }
 
 /// A device lost between two layers of a chained step: the next record is

@@ -72,8 +72,11 @@ fn main(
     let per_group = (it.k1 - it.k0 + NG - 1u) / NG;
     let first = min(it.k0 + g * per_group, it.k1);
     let end = min(first + per_group, it.k1);
-    var blk = first / params.block_tokens;
-    var slot = first % params.block_tokens;
+    // A group with an empty run (first == k1) reads the item's last key,
+    // masked: k1 itself may be past the sequence's block table.
+    let at_key = min(first, max(it.k1, 1u) - 1u);
+    var blk = at_key / params.block_tokens;
+    var slot = at_key % params.block_tokens;
     let head_off = it.head * params.head_stride;
     for (var j = 0u; j < per_group; j++) {
         let key = first + j;
