@@ -254,7 +254,8 @@ impl Coordinator {
     /// hashes computed elsewhere (a trace's block ids, another system's
     /// block hashes): block `i` is keyed by `ids[i]` as its extra key,
     /// chained under `scope` like any other block. `total_tokens` sets the
-    /// blocks' valid tokens (every block full but possibly the last).
+    /// blocks' valid tokens (every block full but possibly the last); a
+    /// partial last block is keyed by its length too.
     ///
     /// ```
     /// use kvslice_core::{Coordinator, HashSecret, KeyScope, KvDtype, KvLayout, LayoutSpec};
@@ -265,6 +266,9 @@ impl Coordinator {
     /// let b = coord.plan_block_ids(&KeyScope::default(), &[0, 1, 9], 1536)?;
     /// assert_eq!(a.blocks()[..2], b.blocks()[..2]);
     /// assert_eq!(a.blocks()[2].valid_tokens, 1100 - 1024);
+    /// // Block 2 of 76 tokens is not block 2 of 512 with the same id.
+    /// let full = coord.plan_block_ids(&KeyScope::default(), &[0, 1, 2], 1536)?;
+    /// assert_ne!(a.blocks()[2].hash, full.blocks()[2].hash);
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn plan_block_ids(
@@ -286,10 +290,12 @@ impl Coordinator {
         let mut blocks = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
             let valid = (total_tokens - i * bt).min(bt) as u32;
+            // A partial tail is keyed apart from a full block with the same
+            // id, and by its length: the id alone may not tell them apart.
+            let full = valid as usize == bt;
+            let extra = u128::from(id) | if full { 0 } else { u128::from(valid) << 64 };
             let block = BlockRef {
-                hash: self
-                    .hasher
-                    .link(prev, i as u32, &[], Some(u128::from(id)), true),
+                hash: self.hasher.link(prev, i as u32, &[], Some(extra), full),
                 index: i as u32,
                 valid_tokens: valid,
             };

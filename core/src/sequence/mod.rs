@@ -10,7 +10,7 @@ mod map;
 pub use fixed::FixedSequenceMap;
 pub use map::SequenceMap;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::page::PageId;
 
 /// Identifies a sequence inside a runtime.
@@ -119,6 +119,11 @@ pub trait SequenceTable {
     /// Pages `seq` must gain before `n` more tokens fit.
     fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
         let bt = self.block_tokens() as usize;
+        if bt == 0 {
+            return Err(Error::InvalidValue(
+                "a sequence table of 0 tokens per block",
+            ));
+        }
         let have = self.block_table(seq)?.len();
         let want = self.len(seq)?.saturating_add(n).div_ceil(bt);
         Ok(want.saturating_sub(have))
@@ -184,7 +189,6 @@ fn check_advance(len: usize, n: usize, pages: usize, block_tokens: u32) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
 
     fn exercise<T: SequenceTable>(t: &mut T) {
         assert_eq!(t.block_tokens(), 4);
@@ -261,5 +265,12 @@ mod tests {
             Err(Error::CapacityExhausted(_))
         ));
         assert_eq!(t.block_table(1).unwrap(), &[PageId(0)]);
+    }
+
+    #[test]
+    fn a_table_of_zero_token_blocks_needs_an_error_not_a_panic() {
+        let mut t = SequenceMap::new(0);
+        t.create(1).unwrap();
+        assert!(matches!(t.blocks_needed(1, 1), Err(Error::InvalidValue(_))));
     }
 }
