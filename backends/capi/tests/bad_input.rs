@@ -596,16 +596,15 @@ fn eight_bit_layouts_size_their_pages_as_core_does() {
 fn a_stale_handle_stays_refused_after_its_slot_is_reused() {
     let f = fixture();
     let (mut old, mut r) = (KvsRequest { id: 0 }, KvsRequest { id: 0 });
-    // SAFETY: live locals.
-    assert_eq!(
-        unsafe { kvs_request_begin(f.store, &mut old) },
-        KvsStatus::Ok
-    );
+    // SAFETY: a live local.
+    let status = unsafe { kvs_request_begin(f.store, &mut old) };
+    assert_eq!(status, KvsStatus::Ok);
     assert_eq!(kvs_request_end(old), KvsStatus::Ok);
     let mut reused = 0;
     for _ in 0..20_000 {
         // SAFETY: a live local.
-        assert_eq!(unsafe { kvs_request_begin(f.store, &mut r) }, KvsStatus::Ok);
+        let status = unsafe { kvs_request_begin(f.store, &mut r) };
+        assert_eq!(status, KvsStatus::Ok);
         reused += usize::from(r.id & 0xFFFF_FFFF == old.id & 0xFFFF_FFFF);
         assert_ne!(r.id, old.id, "a stale handle named a live request");
         assert_eq!(kvs_request_truncate(old, 0, 0, 0), KvsStatus::InvalidHandle);

@@ -319,8 +319,11 @@ fn a_node_killed_under_a_concurrent_replay_costs_no_data_and_no_thread() {
     });
 }
 
-/// A node's id, port and slot ranges, from `CLUSTER NODES`.
-fn masters(cluster: &common::OwnServers, port: u16) -> Vec<(String, u16, Vec<(u16, u16)>)> {
+/// A master's id, port and slot ranges.
+type Master = (String, u16, Vec<(u16, u16)>);
+
+/// The masters, from `CLUSTER NODES`.
+fn masters(cluster: &common::OwnServers, port: u16) -> Vec<Master> {
     cluster
         .cli(port, &["cluster", "nodes"])
         .lines()
