@@ -167,16 +167,7 @@ fn bad_input_is_counted_and_costs_nothing_known() {
     )
     .unwrap();
     assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
-    let stored = |b: u128| WireEvent::Stored {
-        hashes: vec![BlockHash(b)],
-        parent: None,
-        tokens: vec![16],
-        block_size: 16,
-        medium: "GPU".into(),
-        layer_group: 0,
-        head_shard: 0,
-        first_block_index: 0,
-    };
+    let stored = stored_block;
     let send = |frames: &[&[u8]]| worker.send_multipart(frames, 0).unwrap();
     let batch = |seq: u64, events: &[WireEvent]| {
         let payload = encode(1.0, events);
