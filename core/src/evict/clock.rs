@@ -98,6 +98,51 @@ impl EvictionPolicy for ClockPolicy {
                 _ => {}
             }
         }
+        // Hits between the sweeps, or other evictors moving the shared
+        // hand, can keep a page from ever being offered cold. Before giving
+        // up, offer every tracked page once, as the trait asks.
+        for i in 0..n {
+            let slot = &self.state[i as usize];
+            if slot.load(Relaxed) != ABSENT && try_evict(PageId(i), EvictPass::IncludeHigh) {
+                slot.store(ABSENT, Relaxed);
+                return Some(PageId(i));
+            }
+        }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(page: u32) -> PageEvent {
+        PageEvent {
+            page: PageId(page),
+            fingerprint: u64::from(page),
+            block_index: 0,
+            request: 1,
+        }
+    }
+
+    /// A page hit again each time the hand passes another one is never
+    /// seen cold by the sweeps; the policy must still offer it before it
+    /// gives up.
+    #[test]
+    fn a_page_hit_during_every_sweep_is_still_offered() {
+        let clock = ClockPolicy::new(2);
+        clock.on_insert(event(0));
+        clock.on_insert(event(1));
+        let mut offered = alloc::vec::Vec::new();
+        let got = clock.evict_one(&mut |page, _| {
+            offered.push(page.0);
+            if page.0 == 0 {
+                // Page 0 is held; meanwhile page 1 is hit again.
+                clock.on_access(event(1));
+                return false;
+            }
+            true
+        });
+        assert_eq!(got, Some(PageId(1)), "offered {offered:?}");
     }
 }
