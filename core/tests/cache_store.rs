@@ -235,6 +235,39 @@ fn failed_allocate_leaves_the_store_as_it_was() {
     drop(held);
 }
 
+/// A failed allocate puts the pages it took back in LRU order: the
+/// oldest is still the next to go.
+#[test]
+fn failed_allocate_keeps_the_lru_order() {
+    let store = CacheStore::new(layout(), 4, LruPolicy::new(4)).unwrap();
+    let chains: Vec<_> = (10..14).map(|s| chain(s, 1)).collect();
+    for c in &chains[..2] {
+        drop(serve(&store, c).unwrap());
+    }
+    let held: Vec<_> = chains[2..]
+        .iter()
+        .map(|c| serve(&store, c).unwrap())
+        .collect();
+    let guard = store.pin();
+    // Two evictable pages, three needed: both taken, then put back.
+    assert!(matches!(
+        store.allocate(3, &guard),
+        Err(Error::CapacityExhausted(_))
+    ));
+    drop(held);
+    assert_eq!(store.evict(1, &guard).unwrap(), 1);
+    let req = store.begin_request();
+    let cached: Vec<usize> = chains
+        .iter()
+        .map(|c| {
+            store
+                .lookup_prefix(&req, c, BT as usize, &guard, &mut Vec::new())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(cached, [0, 1, 1, 1], "the oldest page went");
+}
+
 #[test]
 fn bad_input_is_an_error_and_changes_nothing() {
     let store = CacheStore::new(layout(), 2, LruPolicy::new(2)).unwrap();

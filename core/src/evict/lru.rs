@@ -56,6 +56,15 @@ impl EvictionPolicy for LruPolicy {
         }
     }
 
+    /// Back where it was taken from, the least recent end: a failed
+    /// `allocate` restores its victims newest first, which puts them back
+    /// in their order.
+    fn on_restore(&self, event: PageEvent) {
+        if event.page.0 < self.capacity {
+            self.list.lock().touch_back(event.page.0, LIST);
+        }
+    }
+
     fn on_access(&self, event: PageEvent) {
         if event.page.0 < self.capacity {
             let mut list = self.list.lock();

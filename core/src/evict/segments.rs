@@ -127,6 +127,14 @@ impl<const N: usize> Segments<N> {
         self.link_front(i, s);
     }
 
+    /// Puts `i` at the least recent end of `s` (from wherever it was).
+    pub(super) fn touch_back(&mut self, i: u32, s: usize) {
+        if self.is_listed(i) {
+            self.unlink(i);
+        }
+        self.link_back(i, s);
+    }
+
     /// Takes `i` out of its list but remembers its segment.
     pub(super) fn park(&mut self, i: u32) {
         if self.is_listed(i) {
