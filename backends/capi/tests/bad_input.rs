@@ -516,22 +516,29 @@ fn a_request_used_by_two_threads_at_once_is_busy_not_racy() {
         let runs: Vec<_> = (0..2)
             .map(|_| {
                 s.spawn(|| {
-                    let mut out = [0f32; 8];
-                    let attend = KvsAttend {
-                        layer: 0,
-                        shard: 0,
-                        scale: 0.5,
-                        seqs: &seq,
-                        n_seqs: 1,
-                        q: q.as_ptr(),
-                        q_len: 8,
-                        out: out.as_mut_ptr(),
-                        out_len: 8,
-                        window: 0,
-                    };
                     (0..2000)
-                        // SAFETY: live locals.
-                        .map(|_| unsafe { kvs_attend(f.engine, &attend) })
+                        .map(|_| {
+                            let mut out = [f32::NAN; 8];
+                            let attend = KvsAttend {
+                                layer: 0,
+                                shard: 0,
+                                scale: 0.5,
+                                seqs: &seq,
+                                n_seqs: 1,
+                                q: q.as_ptr(),
+                                q_len: 8,
+                                out: out.as_mut_ptr(),
+                                out_len: 8,
+                                window: 0,
+                            };
+                            // SAFETY: live locals.
+                            let status = unsafe { kvs_attend(f.engine, &attend) };
+                            if status == KvsStatus::Ok {
+                                // Every value row is 0.25: so is their mean.
+                                assert!(out.iter().all(|x| (x - 0.25).abs() < 1e-3), "{out:?}");
+                            }
+                            status
+                        })
                         .collect::<Vec<_>>()
                 })
             })

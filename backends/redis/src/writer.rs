@@ -313,7 +313,12 @@ mod tests {
         assert_eq!(slot(b"bar"), 5061);
         // Hash tags: the text inside the first non-empty braces.
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        // Empty braces are no tag: the whole key is hashed.
+        assert_eq!(
+            slot(b"foo{}{bar}"),
+            crc16::State::<crc16::XMODEM>::calculate(b"foo{}{bar}") % 16384
+        );
+        assert_eq!(slot(b"foo{}{bar}"), 8363);
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
         assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));

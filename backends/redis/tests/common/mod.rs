@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kvslice_core::KvLayout;
-use kvslice_redis::{RedisTier, TierConfig};
+use kvslice_redis::{RedisTier, TierConfig, TierError};
 
 /// The cluster `.ci/redis-cluster.sh start` runs, unless
 /// `KVSLICE_REDIS_URLS` names another.
@@ -45,10 +45,12 @@ pub fn tier(
     let cfg = tweak(TierConfig::new(&urls()).namespace(&namespace(test)));
     match RedisTier::open(layout, cfg) {
         Ok(t) => Some(t),
-        Err(e) => {
+        // Only a cluster that is not there is a reason to skip.
+        Err(e @ TierError::Connect(_)) => {
             skip(&format!("no Redis cluster at {}: {e}", urls()));
             None
         }
+        Err(e) => panic!("the tier at {} refused to open: {e}", urls()),
     }
 }
 
