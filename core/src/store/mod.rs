@@ -32,7 +32,7 @@ mod window;
 
 use alloc::vec::Vec;
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 
 use crossbeam_epoch::{Collector, Guard};
 
@@ -227,6 +227,15 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         s
     }
 
+    /// `Ok` if `pool` is this store's.
+    fn check_ours(&self, pool: &PagePool<'m>, what: &'static str) -> Result<()> {
+        if core::ptr::eq(pool, &self.pool) {
+            Ok(())
+        } else {
+            Err(Error::InvalidValue(what))
+        }
+    }
+
     fn meta(&self, page: PageId) -> &PageMeta {
         &self.meta[page.0 as usize]
     }
@@ -382,6 +391,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         let mut victims: Vec<Evicting<'s, 'm>> = Vec::new();
         // Children of each page that this call is evicting.
         let mut pending: HashMap<u32, u32> = HashMap::new();
+        // Parents this call told the policy are leaves (all their children
+        // are among its victims).
+        let mut announced: HashSet<u32> = HashSet::new();
         while pages.len() + victims.len() < n as usize {
             let mut taken = None;
             self.policy.evict_one(&mut |page, pass| {
@@ -395,8 +407,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                     let page = ev.handle().id();
                     let meta = self.meta(page);
                     if let Some(parent) = meta.parent()
-                        && pending.get(&parent.id().0)
-                            == Some(&self.meta(parent.id()).children.load(Relaxed))
+                        && announced.remove(&parent.id().0)
                     {
                         let pm = self.meta(parent.id());
                         self.policy
@@ -416,7 +427,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 // All its children are going: to this call the parent is a
                 // leaf now, so the policy may offer it.
                 let pm = self.meta(parent.id());
-                if *going == pm.children.load(Relaxed) {
+                if *going == pm.children.load(Relaxed) && announced.insert(parent.id().0) {
                     self.policy
                         .on_became_leaf(self.event(parent.id(), &pm.key(), 0));
                 }
@@ -424,11 +435,14 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             victims.push(ev);
         }
         for ev in victims {
-            // A parent announced above is announced again if its last
-            // child goes now (the policies take that as a no-op), and one
-            // that was not, because another thread evicted its other
-            // children meanwhile, is announced here.
-            pages.push(self.commit_eviction(ev, guard)?);
+            // A parent not announced above, because another thread evicted
+            // some of its children meanwhile, is announced by whoever
+            // detaches its last child: maybe this call.
+            let told = self
+                .meta(ev.handle().id())
+                .parent()
+                .is_some_and(|p| announced.contains(&p.id().0));
+            pages.push(self.commit_eviction(ev, !told, guard)?);
         }
         Ok(pages)
     }
@@ -469,11 +483,12 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     }
 
     /// Removes an evicted page's key, detaches it from its parent (telling
-    /// the policy if the parent became a leaf) and hands the page back for
-    /// refilling.
+    /// the policy if the parent became a leaf, unless it was told already:
+    /// `notify_parent` false) and hands the page back for refilling.
     fn commit_eviction<'s>(
         &'s self,
         ev: Evicting<'s, 'm>,
+        notify_parent: bool,
         guard: &Guard,
     ) -> Result<PageMut<'s, 'm>> {
         let handle = ev.handle();
@@ -488,7 +503,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             self.emit(|| crate::events::KvEvent::Removed { key });
         }
         if let Some(parent) = meta.parent() {
-            self.detach_child(parent);
+            self.detach_child(parent, notify_parent);
         }
         let spread = fingerprint(&key);
         let tokens = meta.valid_tokens();
@@ -503,9 +518,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         Ok(page)
     }
 
-    fn detach_child(&self, parent: PageHandle) {
+    fn detach_child(&self, parent: PageHandle, notify: bool) {
         let pm = self.meta(parent.id());
-        if pm.children.fetch_sub(1, Relaxed) == 1 {
+        if pm.children.fetch_sub(1, Relaxed) == 1 && notify {
             self.policy
                 .on_became_leaf(self.event(parent.id(), &pm.key(), 0));
         }
@@ -523,7 +538,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 taken.is_some()
             });
             let Some(ev) = taken else { break };
-            drop(self.commit_eviction(ev, guard)?);
+            drop(self.commit_eviction(ev, true, guard)?);
             done += 1;
         }
         Ok(done)
@@ -556,14 +571,10 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 bound: u64::from(block_tokens) + 1,
             });
         }
-        if !core::ptr::eq(page.pool(), &self.pool) {
-            // Its index would name one of ours: another block's bytes.
-            return Err(Error::InvalidValue("page from another store"));
-        }
-        if let Some(p) = parent
-            && !core::ptr::eq(p.pool(), &self.pool)
-        {
-            return Err(Error::InvalidValue("parent page from another store"));
+        // A foreign page's index would name one of ours: another block.
+        self.check_ours(page.pool(), "page from another store")?;
+        if let Some(p) = parent {
+            self.check_ours(p.pool(), "parent page from another store")?;
         }
         // The policy sees this request's hits before its insert; usually
         // `allocate` has applied them already.
@@ -642,7 +653,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         if self.pool.try_evict(handle).is_ok()
             && let Some(parent) = parent
         {
-            self.detach_child(parent);
+            self.detach_child(parent, true);
         }
     }
 
