@@ -14,7 +14,7 @@
 //! it read were the stack's; and a stack shorter than `n` fails with
 //! nothing changed. That makes `alloc_many` all-or-nothing.
 
-use super::state::PageState;
+use super::state::{Life, PageState};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Exponential backoff after a failed CAS on the head: under contention,
@@ -72,9 +72,12 @@ impl Chain {
     }
 }
 
+/// The link of the page in `slot`, if it is Free: a page popped since it
+/// was read as the stack's (and perhaps published) holds none.
 #[inline]
-fn link(states: &[AtomicU64], slot: u32) -> u32 {
-    PageState::link(states[(slot - 1) as usize].load(Ordering::Acquire))
+fn link(states: &[AtomicU64], slot: u32) -> Option<u32> {
+    let word = states[(slot - 1) as usize].load(Ordering::Acquire);
+    (PageState::unpack(word).life == Life::Free).then(|| PageState::link(word))
 }
 
 impl FreeList {
@@ -105,13 +108,13 @@ impl FreeList {
                     head = now;
                     continue 'retry;
                 }
-                below = link(states, below);
-                if below as usize > states.len() {
-                    // Not a link: the page was popped and reused since
-                    // (a cached page's word holds its reference count
-                    // there), so the stack moved under us.
-                    head = self.head.load(Ordering::Acquire);
-                    continue 'retry;
+                match link(states, below) {
+                    Some(next) => below = next,
+                    None => {
+                        // Not a free page any more: the stack moved.
+                        head = self.head.load(Ordering::Acquire);
+                        continue 'retry;
+                    }
                 }
             }
             match self.head.compare_exchange(
@@ -179,8 +182,9 @@ impl FreeList {
             return;
         }
         let mut last = chain.first;
+        // The chain is ours: its links hold.
         for _ in 1..chain.len {
-            last = link(states, last);
+            last = PageState::link(states[(last - 1) as usize].load(Ordering::Acquire));
         }
         let generation =
             PageState::unpack(states[(last - 1) as usize].load(Ordering::Acquire)).generation;
