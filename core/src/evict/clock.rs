@@ -62,6 +62,13 @@ impl EvictionPolicy for ClockPolicy {
         }
     }
 
+    /// Tracked again, cold: the next sweep may take it, as it was about to.
+    fn on_restore(&self, event: PageEvent) {
+        if let Some(s) = self.slot(event.page) {
+            s.store(COLD, Relaxed);
+        }
+    }
+
     fn on_access(&self, event: PageEvent) {
         // Only a tracked page gets its bit; an absent one stays absent. The
         // plain load first keeps hits on hot pages free of read-modify-writes.
@@ -100,8 +107,10 @@ impl EvictionPolicy for ClockPolicy {
         }
         // Hits between the sweeps, or other evictors moving the shared
         // hand, can keep a page from ever being offered cold. Before giving
-        // up, offer every tracked page once, as the trait asks.
-        for i in 0..n {
+        // up, offer every tracked page once, as the trait asks, from the
+        // hand on (not always from page 0).
+        let start = self.hand.load(Relaxed) % n;
+        for i in (0..n).map(|k| (start + k) % n) {
             let slot = &self.state[i as usize];
             if slot.load(Relaxed) != ABSENT && try_evict(PageId(i), EvictPass::IncludeHigh) {
                 slot.store(ABSENT, Relaxed);

@@ -129,8 +129,9 @@ pub trait EvictionPolicy: Send + Sync {
 
     /// `event.page`, which [`evict_one`](Self::evict_one) returned, stays
     /// cached after all (the store could not find enough pages and put
-    /// back the ones it had taken). Policies that learn from inserts
-    /// should not count this as one. Defaults to
+    /// back the ones it had taken, newest first). Policies that learn from
+    /// inserts should not count this as one, and should put it back where
+    /// it would be evicted from (every policy here does). Defaults to
     /// [`on_insert`](Self::on_insert).
     fn on_restore(&self, event: PageEvent) {
         self.on_insert(event);

@@ -187,6 +187,17 @@ impl EvictionPolicy for TinyLfuPolicy {
         s.spill();
     }
 
+    /// Back at the old end of probation, where victims come from; no
+    /// frequency counted and no miss recorded: nothing was inserted.
+    fn on_restore(&self, event: PageEvent) {
+        let i = event.page.0;
+        if i < self.capacity {
+            let mut s = self.state.lock();
+            s.fps[i as usize] = event.fingerprint;
+            s.lists.touch_back(i, PROBATION);
+        }
+    }
+
     fn on_access(&self, event: PageEvent) {
         let i = event.page.0;
         if i >= self.capacity {
