@@ -21,6 +21,20 @@ pub mod sweep;
 pub mod tier;
 pub mod trace;
 
+/// A command-line count that must be at least 1 (`--max-new`,
+/// `--requests`), refused by the parser otherwise.
+///
+/// ```
+/// let p = kvslice_benches::at_least_one();
+/// let cmd = clap::Command::new("t").arg(clap::Arg::new("n").long("n").value_parser(p));
+/// assert!(cmd.clone().try_get_matches_from(["t", "--n", "0"]).is_err());
+/// let m = cmd.try_get_matches_from(["t", "--n", "3"]).unwrap();
+/// assert_eq!(m.get_one::<usize>("n"), Some(&3));
+/// ```
+pub fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
 /// A K/V dtype from its name on a command line
 /// ([`kvslice_core::KvDtype::name`]: f32,
 /// f16, bf16, int8, fp8-e4m3), or an error that lists them.

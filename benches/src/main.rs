@@ -65,7 +65,7 @@ struct ServeArgs {
     #[arg(long, default_value = "cpu")]
     engine: String,
     /// Requests in the stream.
-    #[arg(long, default_value_t = 24, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 24, value_parser = kvslice_benches::at_least_one())]
     requests: usize,
     /// Distinct system prompts the requests share.
     #[arg(long, default_value_t = 3)]

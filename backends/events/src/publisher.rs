@@ -185,8 +185,8 @@ impl Publisher {
 
     /// Sends `events` as batches of at most the configured size; returns
     /// how many batches. If a send fails, that batch and the rest are
-    /// still numbered and kept for replay, and the first error is
-    /// returned.
+    /// still numbered (and kept for replay, where there is a replay
+    /// socket), and the first error is returned.
     pub fn send(&mut self, events: &[KvEvent], medium: Medium) -> Result<usize, zmq::Error> {
         let (mut sent, mut failed) = (0, None);
         for chunk in events.chunks(self.config.max_batch_events.max(1)) {

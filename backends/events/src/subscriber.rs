@@ -56,8 +56,8 @@ const PROBLEMS_KEPT: usize = 32;
 
 struct Worker {
     sub: zmq::Socket,
-    replay: Option<zmq::Socket>,
-    replay_endpoint: Option<String>,
+    /// The replay socket and where it connects (to connect anew).
+    replay: Option<(zmq::Socket, String)>,
     /// The next sequence number to apply: every batch below it has been
     /// applied (or counted as unfilled).
     next: u64,
@@ -148,13 +148,12 @@ impl Subscriber {
             sub.set_subscribe(b"")?;
             sub.connect(&s.endpoint)?;
             let replay = match &s.replay_endpoint {
-                Some(ep) => Some(replay_socket(&ctx, ep)?),
+                Some(ep) => Some((replay_socket(&ctx, ep)?, ep.clone())),
                 None => None,
             };
             workers.push(Worker {
                 sub,
                 replay,
-                replay_endpoint: s.replay_endpoint.clone(),
                 next: 0,
                 live_next: 0,
                 behind: (0, 0),
@@ -328,7 +327,7 @@ impl Subscriber {
         let from = self.workers[w].next;
         let mut got = Vec::new();
         let mut ended = true;
-        if let Some(replay) = &self.workers[w].replay {
+        if let Some((replay, _)) = &self.workers[w].replay {
             // Never wait to send: a replay socket that is not there would
             // queue requests until it blocked the router.
             ended = false;
@@ -388,9 +387,9 @@ impl Subscriber {
     }
 
     fn reset_replay(&mut self, w: usize) -> Result<(), zmq::Error> {
-        if let Some(ep) = &self.workers[w].replay_endpoint {
+        if let Some((socket, ep)) = &mut self.workers[w].replay {
             // The old socket closes without lingering, late replies and all.
-            self.workers[w].replay = Some(replay_socket(&self.ctx, ep)?);
+            *socket = replay_socket(&self.ctx, ep)?;
         }
         Ok(())
     }

@@ -120,7 +120,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// Most tokens to generate per turn.
-    #[arg(long, default_value_t = 128, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 128, value_parser = crate::at_least_one())]
     pub max_new: usize,
     /// Recompute every prompt instead of reusing cached K/V.
     #[arg(long)]
@@ -298,7 +298,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub conversations: Option<usize>,
     /// Tokens generated per turn (at most).
-    #[arg(long, default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 32, value_parser = crate::at_least_one())]
     pub max_new: usize,
     /// Strategies to run (comma-separated), or all of them.
     #[arg(long, value_delimiter = ',')]
@@ -327,7 +327,7 @@ pub struct KvAccuracyArgs {
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/chat_workload.json"))]
     pub workload: PathBuf,
     /// Tokens of each baseline reply (at most).
-    #[arg(long, default_value_t = 48, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 48, value_parser = crate::at_least_one())]
     pub max_new: usize,
     /// A text file whose log-likelihood is scored (default: a built-in
     /// passage of about 220 tokens).

@@ -242,12 +242,11 @@ where
                 .unwrap_or(0)
                 + workload.system.len();
             // Characters bound tokens from above for byte-level BPE.
-            (longest
+            longest
                 .saturating_add(max_new.saturating_mul(8))
                 .div_ceil(bt)
-                * layers
-                * 2)
-            .min(u32::MAX as usize) as u32
+                .saturating_mul(layers * 2)
+                .min(u32::MAX as usize) as u32
         } else {
             // At least the largest request, which holds all its pages.
             ((f64::from(working_set_pages) * strategy.capacity_fraction).ceil() as u32)

@@ -116,7 +116,8 @@ impl EventRing {
 
     /// Pushes `event`; returns `false` if the ring was full and the event
     /// was dropped (and counted). Lock-free: retries only when another
-    /// producer took the position first.
+    /// producer took the position first, or when the tail it read was
+    /// stale (drained since).
     pub fn push(&self, event: KvEvent) -> bool {
         let p = &self.producers;
         let mut t = p.tail.load(Ordering::Relaxed);

@@ -4,7 +4,7 @@
 use alloc::boxed::Box;
 
 use super::CacheStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::evict::EvictionPolicy;
 use crate::key::SliceKey;
 use crate::pool::PageRef;
@@ -61,9 +61,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// How many tokens of its block `page` holds (what it was published
     /// with).
     pub fn valid_tokens(&self, page: &PageRef<'_, 'm>) -> Result<u32> {
-        if !core::ptr::eq(page.pool(), &self.pool) {
-            return Err(Error::InvalidValue("page from another store"));
-        }
+        self.check_ours(page.pool(), "page from another store")?;
         Ok(self.meta(page.handle().id()).valid_tokens())
     }
 }

@@ -82,8 +82,8 @@ pub(super) fn rounds_int8_weights(set: &Kernels) -> bool {
 
 /// [`super::FourRowKernels::weighted_sum`]: int8 values on `vpdpbusd`
 /// where the head width is a multiple of 64 and every weight is finite and
-/// not negative (as softmax weights times scales are), AVX-512's f32
-/// kernel otherwise.
+/// not negative (as softmax weights times scales are), and no row's are
+/// all below about 1.9e-34; AVX-512's f32 kernel otherwise.
 fn four_row_weighted_sum(
     dtype: KvDtype,
     p: &[f32],
@@ -100,11 +100,6 @@ fn four_row_weighted_sum(
     let Some(max) = (unsafe { row_maxima(p.as_ptr(), n) }) else {
         return avx512::four_row_weighted_sum(dtype, p, values, acc, ahead);
     };
-    // Weights so small that 65535 over their largest overflows would all
-    // round to 0: those rows take the f32 kernel.
-    if max.iter().any(|&m| m > 0.0 && !(65535.0 / m).is_finite()) {
-        return avx512::four_row_weighted_sum(dtype, p, values, acc, ahead);
-    }
     // SAFETY: the shape checks above bound every access (`p` `4·n`
     // weights, the segments `n` whole rows of `d` codes, `acc` `4·d`,
     // `d % 64 == 0`); AVX-512 F, BW, VL, VNNI and VBMI are present.
@@ -121,7 +116,9 @@ fn four_row_weighted_sum(
 }
 
 /// The largest of each of the four rows' weights (`w[j·4 + i]` for key
-/// `j`, row `i`), or `None` where any weight is negative, NaN or infinite.
+/// `j`, row `i`), or `None` where any weight is negative, NaN or infinite,
+/// or a row's are all so small that rounding them against their largest
+/// (65535 over it overflows) would make them all 0.
 ///
 /// # Safety
 /// `w` is valid for `4·n` reads; AVX-512 F is present.
@@ -142,7 +139,8 @@ unsafe fn row_maxima(w: *const f32, n: usize) -> Option<[f32; 4]> {
     let mut rows = [0f32; 4];
     // SAFETY: four f32.
     unsafe { _mm_storeu_ps(rows.as_mut_ptr(), avx512::quarters::<{ avx512::MAX }>(max)) };
-    (bad == 0).then_some(rows)
+    let too_small = rows.iter().any(|&m| m > 0.0 && !(65535.0 / m).is_finite());
+    (bad == 0 && !too_small).then_some(rows)
 }
 
 /// Up to four keys of one segment, as [`weighted_sum_bytes`] sums them.
