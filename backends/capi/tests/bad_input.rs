@@ -100,6 +100,23 @@ fn fixture() -> Fixture {
     }
 }
 
+/// Decode of one query row of 8 for `seq` on layer 0, shard 0; the
+/// pointers are to the caller's locals, which must outlive the call.
+fn one_row(seq: &KvsSeq, q: &[f32; 8], out: &mut [f32; 8]) -> KvsAttend {
+    KvsAttend {
+        layer: 0,
+        shard: 0,
+        scale: 0.5,
+        seqs: seq,
+        n_seqs: 1,
+        q: q.as_ptr(),
+        q_len: 8,
+        out: out.as_mut_ptr(),
+        out_len: 8,
+        window: 0,
+    }
+}
+
 fn snapshot(f: &Fixture) -> (KvsStats, Vec<u32>) {
     let mut stats = KvsStats::default();
     let mut table = [0u32; 8];
@@ -485,18 +502,7 @@ fn a_store_outlives_its_handle_while_requests_use_it() {
         kv_len: 4,
         q_len: 1,
     };
-    let attend = KvsAttend {
-        layer: 0,
-        shard: 0,
-        scale: 0.5,
-        seqs: &seq,
-        n_seqs: 1,
-        q: q.as_ptr(),
-        q_len: 8,
-        out: out.as_mut_ptr(),
-        out_len: 8,
-        window: 0,
-    };
+    let attend = one_row(&seq, &q, &mut out);
     // SAFETY: live locals.
     assert_eq!(unsafe { kvs_attend(f.engine, &attend) }, KvsStatus::Ok);
     assert_eq!(kvs_request_end(f.req), KvsStatus::Ok);
@@ -519,18 +525,7 @@ fn a_request_used_by_two_threads_at_once_is_busy_not_racy() {
                     (0..2000)
                         .map(|_| {
                             let mut out = [f32::NAN; 8];
-                            let attend = KvsAttend {
-                                layer: 0,
-                                shard: 0,
-                                scale: 0.5,
-                                seqs: &seq,
-                                n_seqs: 1,
-                                q: q.as_ptr(),
-                                q_len: 8,
-                                out: out.as_mut_ptr(),
-                                out_len: 8,
-                                window: 0,
-                            };
+                            let attend = one_row(&seq, &q, &mut out);
                             // SAFETY: live locals.
                             let status = unsafe { kvs_attend(f.engine, &attend) };
                             if status == KvsStatus::Ok {
