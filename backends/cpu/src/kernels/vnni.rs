@@ -278,12 +278,15 @@ unsafe fn pass(
     (ahead, values, (i, of)): (Paired<'_>, &[&[u8]], (usize, usize)),
 ) -> [[[__m512i; 4]; 2]; 2] {
     let mut sums = [[[_mm512_setzero_si512(); 4]; 2]; 2];
+    // Each row's share: `d / of` bytes (`of` divides `d`), without a
+    // division per group.
+    let stride = d / of;
     for g in groups {
         let (at, count) = (g.row, g.count);
         let seg = values[g.seg];
-        let bytes = count * d;
+        let share = count * stride;
         let region = ahead.region(g.seg, seg.as_ptr(), seg.len());
-        region.fetch_lines(g.at + i * bytes / of, g.at + (i + 1) * bytes / of);
+        region.fetch_lines(g.at + i * share, g.at + (i + 1) * share);
         // Keys past the group's count read as zeros (their weights are
         // zero too).
         let mut v = [_mm512_setzero_si512(); 4];
