@@ -5,7 +5,9 @@
 //! first two pages (cache-resident K/V): its compute ceiling. int8 runs
 //! twice: with f32 queries, and scored against int8 queries
 //! (`CpuEngine::with_int8_queries`, where the CPU has AVX-512 VNNI and
-//! VBMI; the row says "n/a" elsewhere).
+//! VBMI; the row says "n/a" elsewhere). fp8 runs twice too: on the f32
+//! kernels, and on bf16 dot products (`CpuEngine::with_fp8_bf16`, where
+//! the CPU has AVX-512 BF16 beside VNNI and VBMI).
 //!
 //! Workload: 32 query heads, 8 kv heads, head_dim 128, 16-token pages with
 //! keys dim-major (the CPU engine's order), batch 8, contexts 8k and 32k,
@@ -69,6 +71,15 @@ fn main() {
         );
     }
     runs.push(("fp8-e4m3", 2, engine.clone()));
+    let fp8_bf16 = engine.clone().with_fp8_bf16(true);
+    if fp8_bf16.fp8_bf16() {
+        runs.push(("fp8-e4m3, bf16 products", 2, fp8_bf16));
+    } else {
+        println!(
+            "fp8 on bf16 products: n/a (kernels {} lack them)",
+            engine.kernels().name
+        );
+    }
     for ctx in [8192usize, 32768] {
         eprint!("ctx {ctx}: writing pages");
         let data: Vec<_> = dtypes

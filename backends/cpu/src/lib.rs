@@ -29,6 +29,6 @@ pub mod work_sharing;
 
 pub use engine::{BUILDER_LIMIT, CpuEngine};
 pub use kernels::{
-    FourRowKernels, Int8Queries, Int8QueryKernels, Int8ScoresSoftmaxFn, Kernels,
+    FourRowKernels, Fp8Bf16Kernels, Int8Queries, Int8QueryKernels, Int8ScoresSoftmaxFn, Kernels,
     MAX_INT8_QUERY_DIMS, SPLIT_512_NAME, SoftmaxState, StoredKernels, raw_scale,
 };

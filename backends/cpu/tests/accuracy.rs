@@ -567,3 +567,76 @@ fn int8_queries_give_the_attention_of_their_rounding() {
         }
     }
 }
+
+/// Fp8 pages on bf16 dot products ([`CpuEngine::with_fp8_bf16`]) against
+/// the f64 oracle over the same codes: within the rounding of the query
+/// rows and the softmax weights to bf16 (2^-9 of each), and not the
+/// engine's f32 kernels' results (the path was taken). Head widths of 128
+/// and 64 (the bf16 weighted sum) and 32 (scores alone), blocks of 16
+/// (one load per four dims) and 32, 1 to 6 query heads per kv head, whole
+/// blocks and a partial last one.
+#[test]
+fn fp8_on_bf16_stays_within_its_rounding() {
+    let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
+    let sets: Vec<Kernels> = Kernels::supported()
+        .into_iter()
+        .filter(|k| required.as_deref().is_none_or(|r| r == k.name))
+        .filter(|k| {
+            k.stored
+                .and_then(|s| s.four_rows)
+                .is_some_and(|f| f.fp8_bf16.is_some())
+        })
+        .collect();
+    if sets.is_empty() {
+        println!(
+            "SKIPPED: no kernel set here has fp8 on bf16 dot products (needs AVX-512 BF16, VNNI and VBMI)"
+        );
+        return;
+    }
+    let mut rng = Rng::new(43);
+    let scale = 0.09;
+    for k in sets {
+        for (hd, bt, qh) in [
+            (128u32, 16usize, 8u32),
+            (64, 32, 8),
+            (32, 16, 8),
+            (128, 16, 6),
+            (64, 16, 2),
+        ] {
+            let spec = LayoutSpec::new(1, qh, 2, hd, bt as u32, KvDtype::F8E4M3)
+                .with_key_order(KeyOrder::DimMajor);
+            let layout = KvLayout::new(spec).unwrap();
+            for seqs in [
+                vec![(20 * bt, 1), (3 * bt, 1), (bt, 1)],
+                vec![(7 * bt + 5, 1), (bt + 1, 1)],
+            ] {
+                let sc = Scenario::random(layout, &seqs, &mut rng).unwrap();
+                let q = sc.random_queries(0, &mut rng).unwrap();
+                let table = sc.seq_attention(0, 0).unwrap();
+                let batch = AttentionBatch::new(0, 0, &table, &q, scale);
+                let exact = sc.naive_f64(0, 0, &q, scale).unwrap();
+                let mut f32_out = vec![f32::NAN; q.len()];
+                let f32_engine = CpuEngine::new().with_kernels(k);
+                f32_engine.attend(&sc.pages, &batch, &mut f32_out).unwrap();
+                let f32_err = max_rel_err(&f32_out, &exact);
+                for engine in [
+                    f32_engine.clone().with_fp8_bf16(true),
+                    f32_engine
+                        .clone()
+                        .with_fp8_bf16(true)
+                        .with_threads(1)
+                        .with_span_keys(bt),
+                ] {
+                    assert!(engine.fp8_bf16());
+                    let mut out = vec![f32::NAN; q.len()];
+                    engine.attend(&sc.pages, &batch, &mut out).unwrap();
+                    let err = max_rel_err(&out, &exact);
+                    let case = format!("{} d={hd} bt={bt} qh={qh} {seqs:?} {engine:?}", k.name);
+                    println!("{case}: {err:.2e} from the oracle (f32 kernels {f32_err:.2e})");
+                    assert!(err < 5e-3, "{case}: {err:e}");
+                    assert_ne!(out, f32_out, "{case}: the bf16 kernels did not run");
+                }
+            }
+        }
+    }
+}

@@ -180,8 +180,9 @@ pub fn in_engine(mut set: Kernels) -> Kernels {
             // they hold.
             scores_softmax_dim_major: scores_softmax,
             weighted_sum,
-            // The bench's pages are f16: no int8 queries.
+            // The bench's pages are f16: no int8 queries, no fp8.
             int8_queries: None,
+            fp8_bf16: None,
         }),
         ..stored
     });

@@ -75,6 +75,8 @@ pub struct CpuEngine {
     /// Int8 keys scored against queries rounded to int8, where the
     /// kernels can.
     int8_queries: bool,
+    /// E4M3 pages on bf16 dot products, where the kernels can.
+    fp8_bf16: bool,
     /// A kv head's few query rows in groups of four for the four-row
     /// kernels ([`Self::with_row_groups`]).
     row_groups: bool,
@@ -97,6 +99,7 @@ impl CpuEngine {
             span_keys: SPAN_KEYS,
             tile_rows: TILE_ROWS,
             int8_queries: false,
+            fp8_bf16: false,
             row_groups: true,
         }
     }
@@ -285,6 +288,40 @@ impl CpuEngine {
         self
     }
 
+    /// With E4M3 (fp8) pages decoded on bf16 dot products, where the
+    /// kernel set has them ([`crate::FourRowKernels::fp8_bf16`]: AVX-512
+    /// BF16 beside VNNI and VBMI, as on Sapphire Rapids and Zen 4) and the
+    /// rows go through the four-row kernels: the scores where keys are
+    /// stored dim-major, the weighted sum where the head width is a
+    /// multiple of 64. Each code converts exactly; the query rows and the
+    /// softmax weights are rounded to bf16 (8 significant bits), which
+    /// adds error of its own, small beside E4M3's (docs/QUANTIZATION.md
+    /// has the figures). Elsewhere it changes nothing ([`Self::fp8_bf16`]
+    /// says which).
+    ///
+    /// ```
+    /// use kvslice_core::testkit::{Rng, Scenario, max_rel_err};
+    /// use kvslice_core::{AttentionBatch, AttentionEngine, KeyOrder, KvDtype, KvLayout, LayoutSpec};
+    /// use kvslice_cpu::CpuEngine;
+    ///
+    /// // GQA decode (8 query heads, 2 kv heads) over fp8 pages, dim-major keys.
+    /// let spec = LayoutSpec::new(1, 8, 2, 128, 16, KvDtype::F8E4M3).with_key_order(KeyOrder::DimMajor);
+    /// let mut rng = Rng::new(9);
+    /// let sc = Scenario::random(KvLayout::new(spec)?, &[(512, 1)], &mut rng)?;
+    /// let q = sc.random_queries(0, &mut rng)?;
+    /// let seqs = sc.seq_attention(0, 0)?;
+    /// let mut out = vec![0.0; q.len()];
+    /// let engine = CpuEngine::new().with_fp8_bf16(true);
+    /// engine.attend(&sc.pages, &AttentionBatch::new(0, 0, &seqs, &q, 0.09), &mut out)?;
+    /// println!("fp8 on bf16 in use: {}", engine.fp8_bf16());
+    /// assert!(max_rel_err(&out, &sc.naive_f64(0, 0, &q, 0.09)?) < 1e-2);
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn with_fp8_bf16(mut self, on: bool) -> Self {
+        self.fp8_bf16 = on;
+        self
+    }
+
     /// Whether a kv head's few query rows (decode, and runs of query
     /// tokens up to 64 rows, as speculative decoding verifies) go four at
     /// a time through the four-row kernels whatever their number (the
@@ -332,6 +369,17 @@ impl CpuEngine {
                 .stored
                 .and_then(|s| s.four_rows)
                 .is_some_and(|f| f.int8_queries.is_some())
+    }
+
+    /// Whether fp8 pages are decoded on bf16 dot products: asked for
+    /// ([`Self::with_fp8_bf16`]) and in the kernel set.
+    pub fn fp8_bf16(&self) -> bool {
+        self.fp8_bf16
+            && self
+                .kernels
+                .stored
+                .and_then(|s| s.four_rows)
+                .is_some_and(|f| f.fp8_bf16.is_some())
     }
 
     /// The kernels in use (for reports).

@@ -498,9 +498,17 @@ impl CpuEngine {
     /// choice rest on, so that they agree (only four-row calls take
     /// spans of several blocks).
     pub(super) fn four_row_kernels(&self, hd: usize) -> Option<FourRowKernels> {
-        self.kernels
-            .stored
-            .and_then(|sk| sk.four_rows)
-            .filter(|_| hd.is_multiple_of(8))
+        let mut four = self
+            .kernels
+            .stored?
+            .four_rows
+            .filter(|_| hd.is_multiple_of(8))?;
+        if let Some(b) = four.fp8_bf16.filter(|_| self.fp8_bf16) {
+            // Every dtype and shape but E4M3's suitable ones falls through
+            // to the set's own kernels.
+            four.scores_softmax_dim_major = b.scores_softmax_dim_major;
+            four.weighted_sum = b.weighted_sum;
+        }
+        Some(four)
     }
 }

@@ -8,6 +8,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod bf16_dot;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod scalar;
@@ -244,6 +246,12 @@ pub struct FourRowKernels {
     /// (AVX-512 VNNI and VBMI). The rounding adds error of its own:
     /// [`crate::CpuEngine::with_int8_queries`] opts in.
     pub int8_queries: Option<Int8QueryKernels>,
+    /// [`Self::scores_softmax_dim_major`] and [`Self::weighted_sum`] with
+    /// E4M3 pages on bf16 dot products, where the set has them (AVX-512
+    /// BF16 beside VNNI and VBMI). Their rounding of the queries and the
+    /// weights to bf16 adds error of its own:
+    /// [`crate::CpuEngine::with_fp8_bf16`] opts in.
+    pub fp8_bf16: Option<Fp8Bf16Kernels>,
     /// `acc[i] += Σ_j weights[j·4 + i] · v[j]` for four accumulators of
     /// width `d` (`acc`, `4 × d`), `v[j]` the `n` rows of the segments of
     /// `values` in order, stored as `dtype`. Prefetches `ahead` as
@@ -251,6 +259,43 @@ pub struct FourRowKernels {
     ///
     /// # Panics
     /// If a segment ends inside a row, or `weights` is too short.
+    pub weighted_sum: FourRowWeightedSumFn,
+}
+
+/// GQA decode over E4M3 pages with the other side of each product (the
+/// query rows, the softmax weights) rounded to bf16, on bf16 dot
+/// products, where a set has them ([`FourRowKernels::fp8_bf16`]). Both
+/// take every dtype and shape their [`FourRowKernels`] counterparts take,
+/// E4M3 pages of suitable shapes on the bf16 path and everything else on
+/// the set's own kernels.
+///
+/// ```
+/// use kvslice_core::KvDtype;
+/// use kvslice_cpu::{Kernels, SoftmaxState};
+///
+/// // Four query rows of width 64 against 16 E4M3 keys of 0.5, dim-major
+/// // (one block), each key's scale 1 (times `raw_scale`, 256).
+/// let q = [0.25f32; 4 * 64];
+/// let keys = vec![kvslice_core::f8e4m3_from_f32(0.5); 16 * 64];
+/// let scales = [256.0f32; 16];
+/// let bf16 = Kernels::supported().into_iter().find_map(|k| k.stored?.four_rows?.fp8_bf16);
+/// if let Some(b) = bf16 {
+///     let (mut max, mut sum, mut rescale) = ([f32::NEG_INFINITY; 4], [0.0; 4], [0.0; 4]);
+///     let state = SoftmaxState { max: &mut max, sum: &mut sum, rescale: &mut rescale };
+///     let mut w = [0f32; 64];
+///     (b.scores_softmax_dim_major)(KvDtype::F8E4M3, &q, &[&keys[..]], &scales, &mut w, state, &[]);
+///     assert_eq!(max, [8.0; 4]); // 64 · 0.25 · 0.5, exactly in bf16
+///     assert_eq!(sum, [16.0; 4]);
+/// }
+/// ```
+#[derive(Clone, Copy)]
+pub struct Fp8Bf16Kernels {
+    /// [`FourRowKernels::scores_softmax_dim_major`], E4M3 keys against
+    /// query rows rounded to bf16 (each row first scaled by a power of
+    /// two, which the scores undo exactly).
+    pub scores_softmax_dim_major: FourRowScoresSoftmaxFn,
+    /// [`FourRowKernels::weighted_sum`], E4M3 values (head widths a
+    /// multiple of 64) under weights rounded to bf16.
     pub weighted_sum: FourRowWeightedSumFn,
 }
 
@@ -398,6 +443,14 @@ impl Kernels {
             // the set otherwise first, with those kernels.
             if let Some(bytes) = all.first().and_then(vnni::with_byte_kernels) {
                 all.insert(0, bytes);
+            }
+            // E4M3 pages on bf16 dot products, for the engine to opt in.
+            if let Some(bf16) = bf16_dot::kernels() {
+                for set in all.iter_mut().filter(|k| vnni::is_vnni_set(k)) {
+                    if let Some(four) = set.stored.as_mut().and_then(|s| s.four_rows.as_mut()) {
+                        four.fp8_bf16 = Some(bf16);
+                    }
+                }
             }
         }
         #[cfg(target_arch = "aarch64")]

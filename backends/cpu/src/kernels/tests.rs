@@ -36,8 +36,16 @@ fn zen_4_check_agrees_with_proc_cpuinfo() {
     }
 }
 
+/// Every set this CPU runs, and each with its E4M3 kernels on bf16 dot
+/// products in place, where it has them.
 fn all() -> Vec<Kernels> {
-    Kernels::supported()
+    let sets = Kernels::supported();
+    #[cfg(target_arch = "x86_64")]
+    let sets = {
+        let bf16: Vec<Kernels> = sets.iter().filter_map(bf16_dot::in_place).collect();
+        sets.into_iter().chain(bf16).collect()
+    };
+    sets
 }
 
 #[test]
@@ -329,14 +337,38 @@ fn dim_major_four_row_scores_agree_with_token_major() {
                 };
                 let (w, max, sum, rescale) = run(fk.scores_softmax, &tm);
                 let (dw, dmax, dsum, drescale) = run(fk.scores_softmax_dim_major, &dm);
-                let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * b.abs().max(1e-3);
+                // Where the dim-major kernel rounds the queries to bf16,
+                // each score may move by `bound`: each weight, sum and
+                // rescale by about twice that of itself (its score and
+                // the max both move), the max by `bound`.
+                let bound = match dtype == KvDtype::F8E4M3 && rounds_fp8_products(&k) {
+                    true => (0..n)
+                        .flat_map(|j| (0..4).map(move |i| (i, j)))
+                        .map(|(i, j)| {
+                            let codes = &stored_bytes(dtype, &vals[j * d..(j + 1) * d]);
+                            scales[j] * bf16_bound(&q[i * d..(i + 1) * d], codes)
+                        })
+                        .fold(0f32, f32::max),
+                    false => 0.0,
+                };
+                // Off by `rel` of itself and `abs`, beyond f32 rounding.
+                let close = |a: f32, b: f32, rel: f32, abs: f32| {
+                    (a - b).abs() <= 1e-5 * b.abs().max(1e-3) + rel * b.abs() + abs
+                };
+                let twice = 2.5 * bound;
                 for i in 0..4 {
-                    assert!(close(dmax[i], max[i]), "{case}: max row {i}");
-                    assert!(close(drescale[i], rescale[i]), "{case}: rescale row {i}");
-                    assert!(close(dsum[i], sum[i]), "{case}: sum row {i}");
+                    let (a, b) = (dmax[i], max[i]);
+                    assert!(close(a, b, 0.0, bound), "{case}: max row {i}: {a} vs {b}");
+                    let (a, b) = (drescale[i], rescale[i]);
+                    assert!(
+                        close(a, b, twice, 0.0),
+                        "{case}: rescale row {i}: {a} vs {b}"
+                    );
+                    let (a, b) = (dsum[i], sum[i]);
+                    assert!(close(a, b, twice, 0.0), "{case}: sum row {i}: {a} vs {b}");
                 }
                 for (j, (a, b)) in dw.iter().zip(&w).enumerate() {
-                    assert!(close(*a, *b), "{case}: weight {j}: {a} vs {b}");
+                    assert!(close(*a, *b, twice, 0.0), "{case}: weight {j}: {a} vs {b}");
                 }
             }
         }
@@ -347,13 +379,35 @@ fn dim_major_four_row_scores_agree_with_token_major() {
 /// bits (the VNNI set's).
 #[cfg(target_arch = "x86_64")]
 fn rounds_int8_weights(set: &Kernels) -> bool {
-    vnni::rounds_int8_weights(set)
+    // The bf16 kernels are the VNNI set's, int8 and all.
+    vnni::is_vnni_set(set) || bf16_dot::rounds_fp8_products(set)
 }
 
 /// No set outside x86-64 rounds them.
 #[cfg(not(target_arch = "x86_64"))]
 fn rounds_int8_weights(_: &Kernels) -> bool {
     false
+}
+
+/// Whether `set`'s four-row E4M3 kernels round the other side of each
+/// product (queries, weights) to bf16 (the bf16 set's).
+#[cfg(target_arch = "x86_64")]
+fn rounds_fp8_products(set: &Kernels) -> bool {
+    bf16_dot::rounds_fp8_products(set)
+}
+
+/// No set outside x86-64 rounds them.
+#[cfg(not(target_arch = "x86_64"))]
+fn rounds_fp8_products(_: &Kernels) -> bool {
+    false
+}
+
+/// How far `Σ x_c · v_c`, `v` the raw values of E4M3 `codes`, may move
+/// on bf16 dot products: each `x_c` rounded to bf16 (2^-9 of itself;
+/// 2^-8 here, leaving room for the f32 sums' order).
+fn bf16_bound(x: &[f32], codes: &[u8]) -> f32 {
+    let raw = raw_values(KvDtype::F8E4M3, codes);
+    x.iter().zip(raw).map(|(x, v)| (x * v).abs() / 256.0).sum()
 }
 
 /// The sets this CPU runs that have four-row kernels (none says so).
@@ -440,6 +494,19 @@ fn four_row_kernels_agree_with_the_general_path() {
                                     let err = (facc[c] - acc[c]).abs();
                                     let tol = bound + 1e-6 * acc[c].abs();
                                     assert!(err <= tol, "{case}: weighted sum {c}: {err:e}");
+                                }
+                            }
+                        } else if dtype == KvDtype::F8E4M3 && rounds_fp8_products(&k) && d % 64 == 0
+                        {
+                            for i in 0..4 {
+                                let w_i: Vec<f32> = (0..n).map(|j| w[j * 4 + i]).collect();
+                                for c in 0..d {
+                                    let col: Vec<u8> = (0..n).map(|j| bytes[j * d + c]).collect();
+                                    let bound = bf16_bound(&w_i, &col);
+                                    let at = i * d + c;
+                                    let err = (facc[at] - acc[at]).abs();
+                                    let tol = bound + 1e-6 * acc[at].abs();
+                                    assert!(err <= tol, "{case}: weighted sum {at}: {err:e}");
                                 }
                             }
                         } else {

@@ -71,8 +71,7 @@ pub(super) fn with_byte_kernels(base: &Kernels) -> Option<Kernels> {
 
 /// Whether `set` is one of these, whose four-row weighted sum rounds int8
 /// pages' weights to 16 bits.
-#[cfg(test)]
-pub(super) fn rounds_int8_weights(set: &Kernels) -> bool {
+pub(super) fn is_vnni_set(set: &Kernels) -> bool {
     [NAME, SPLIT_NAME].contains(&set.name)
 }
 
@@ -84,7 +83,7 @@ pub(super) fn rounds_int8_weights(set: &Kernels) -> bool {
 /// where the head width is a multiple of 64 and every weight is finite and
 /// not negative (as softmax weights times scales are), and no row's are
 /// all below about 1.9e-34; AVX-512's f32 kernel otherwise.
-fn four_row_weighted_sum(
+pub(super) fn four_row_weighted_sum(
     dtype: KvDtype,
     p: &[f32],
     values: &[&[u8]],

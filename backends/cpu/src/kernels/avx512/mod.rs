@@ -67,6 +67,7 @@ pub(super) fn kernels() -> Option<Kernels> {
                 scores_softmax: four_row_scores_softmax,
                 scores_softmax_dim_major: four_row_scores_softmax_dim_major,
                 int8_queries: None,
+                fp8_bf16: None,
                 weighted_sum: four_row_weighted_sum,
             }),
         }),
