@@ -3,14 +3,17 @@
 //! never panics; a batch the decoder accepts encodes to bytes that decode
 //! to the same batch; per-block events folded, encoded and decoded name
 //! the same blocks in the same order; the index agrees with a plain model
-//! of who holds what and who held it last.
+//! of who holds what and who held it last; a subscriber's batch numbers
+//! account for every batch once, whatever arrives live and in replays.
 
 use std::collections::HashMap;
 
 use kvslice_core::events::{KvEvent, Medium};
 use kvslice_core::{BlockHash, SliceKey};
 
+use crate::RESTART_RUN;
 use crate::index::PrefixIndex;
+use crate::sequence::{Live, Replayed, Sequence};
 use crate::wire::{self, WireEvent};
 
 /// Runs every check on `data`.
@@ -23,6 +26,113 @@ pub fn payload(data: &[u8]) {
     }
     events(data);
     index(data);
+    sequence(data);
+}
+
+/// A worker's batch numbers through arbitrary live batches, each gap's
+/// replay bringing arbitrary batches, as the subscriber drives them. Two
+/// bytes per live batch: its number (near the last one seen, so runs,
+/// duplicates, gaps and restarts all happen; sometimes far) and how many
+/// batches its gap's replay brings, then those batches' numbers, a byte
+/// each. Checked against a plain model: since the stream (re)started,
+/// every batch below the next is applied or counted lost, exactly once;
+/// applied batches rise; a batch dropped as behind changes nothing; and a
+/// restart comes only after [`RESTART_RUN`] behind batches in a row, each
+/// one past the one before.
+fn sequence(data: &[u8]) {
+    let mut seq = Sequence::default();
+    // Since the (re)start: batches applied, batches counted lost, the
+    // last applied, the newest seen live, and the run of behind batches.
+    let (mut applied, mut lost, mut last_applied) = (0u64, 0u64, None::<u64>);
+    let mut newest: Option<u64> = None;
+    let mut run: Vec<u64> = Vec::new();
+    let mut bytes = data.iter().copied();
+    let apply = |seq: &mut Sequence, n: u64, applied: &mut u64, last: &mut Option<u64>| {
+        assert!(
+            last.is_none_or(|l| n > l),
+            "batch {n} applied after {last:?}"
+        );
+        seq.applied(n);
+        *applied += 1;
+        *last = Some(n);
+    };
+    while let (Some(a), Some(b)) = (bytes.next(), bytes.next()) {
+        let base = newest.unwrap_or(0);
+        let n = match a >> 6 {
+            0 => base.saturating_sub(u64::from(a & 0x3F)),
+            1 | 2 => base + u64::from(a & 0x3F),
+            _ => u64::from(a & 0x3F) << 20,
+        };
+        let before = seq;
+        let mut live = seq.live(n);
+        if live == Live::Restarted {
+            assert!(
+                run.len() + 1 >= RESTART_RUN as usize,
+                "restart after {run:?}"
+            );
+            let tail = &run[run.len() + 1 - RESTART_RUN as usize..];
+            assert!(
+                tail.windows(2).all(|w| w[1] == w[0] + 1) && tail.last().is_none_or(|l| n == l + 1),
+                "restart after {run:?} then {n}"
+            );
+            seq.restart();
+            (applied, lost, last_applied, newest) = (0, 0, None, None);
+            run.clear();
+            live = seq.live(n);
+            assert!(!matches!(live, Live::Behind { .. } | Live::Restarted));
+        }
+        match live {
+            Live::Behind { last } => {
+                assert_eq!(Some(last), newest);
+                assert!(n <= last);
+                assert_eq!(seq.next(), before.next(), "a batch behind moved the next");
+                run.push(n);
+            }
+            Live::Restarted => unreachable!("offered again after a restart"),
+            Live::Gap { from } => {
+                assert_eq!(from, seq.next());
+                assert!(n > from);
+                run.clear();
+                newest = Some(n);
+                for _ in 0..b % 8 {
+                    let Some(r) = bytes.next() else { break };
+                    let r = from.saturating_sub(2) + u64::from(r % 16);
+                    match seq.replayed(r) {
+                        Replayed::Stale => assert!(r < seq.next()),
+                        Replayed::Apply { lost: gap } => {
+                            assert_eq!((gap.start, gap.end), (seq.next(), r));
+                            lost += gap.end - gap.start;
+                            apply(&mut seq, r, &mut applied, &mut last_applied);
+                        }
+                    }
+                }
+                if let Some(gap) = seq.filled(n) {
+                    assert_eq!(gap.end, n);
+                    lost += gap.end - gap.start;
+                }
+                assert!(seq.next() >= n);
+                if seq.next() == n {
+                    apply(&mut seq, n, &mut applied, &mut last_applied);
+                }
+            }
+            Live::Next => {
+                run.clear();
+                newest = Some(n);
+                assert_eq!(n, seq.next());
+                apply(&mut seq, n, &mut applied, &mut last_applied);
+            }
+            Live::Done => {
+                run.clear();
+                newest = Some(n);
+                assert!(n < seq.next());
+            }
+        }
+        assert_eq!(
+            applied + lost,
+            seq.next(),
+            "every batch below the next once"
+        );
+    }
 }
 
 /// Three bytes per step: event kind, worker and layer group; the blocks

@@ -24,6 +24,7 @@
 pub mod index;
 #[cfg(feature = "zmq")]
 mod publisher;
+mod sequence;
 #[cfg(feature = "zmq")]
 mod subscriber;
 pub mod wire;
@@ -33,8 +34,9 @@ pub mod fuzzing;
 
 #[cfg(feature = "zmq")]
 pub use publisher::{Publisher, PublisherConfig};
+pub use sequence::RESTART_RUN;
 #[cfg(feature = "zmq")]
-pub use subscriber::{RESTART_RUN, Source, Subscriber, SubscriberStats};
+pub use subscriber::{Source, Subscriber, SubscriberStats};
 /// The ZeroMQ bindings the publisher and subscriber use (their errors are
 /// `zmq::Error`).
 #[cfg(feature = "zmq")]

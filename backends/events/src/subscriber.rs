@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::index::PrefixIndex;
+use crate::sequence::{Live, Replayed, Sequence};
 use crate::wire::{Batch, decode};
 
 /// One worker's publisher, as a subscriber reaches it.
@@ -36,16 +37,10 @@ pub struct SubscriberStats {
     /// Batches whose sequence number was not above the last applied one:
     /// dropped (duplicates, or a publisher that went backwards).
     pub backwards: u64,
-    /// Publishers taken to have restarted: [`RESTART_RUN`] batches in a
+    /// Publishers taken to have restarted: [`RESTART_RUN`](crate::RESTART_RUN) batches in a
     /// row numbered one after another below what was seen before.
     pub restarts: u64,
 }
-
-/// Backwards batches in a row, each numbered one past the one before,
-/// that mean a worker's publisher restarted (its numbers began again at
-/// 0): the worker is then forgotten ([`Subscriber::forget_worker`]) and
-/// its new stream applied from its start, replayed where it can be.
-pub const RESTART_RUN: u32 = 3;
 
 /// Batches one replay reply is read for at most; a reply still going
 /// past them is cut off like one that timed out.
@@ -58,15 +53,8 @@ struct Worker {
     sub: zmq::Socket,
     /// The replay socket and where it connects (to connect anew).
     replay: Option<(zmq::Socket, String)>,
-    /// The next sequence number to apply: every batch below it has been
-    /// applied (or counted as unfilled).
-    next: u64,
-    /// The next sequence number expected live: below it is a duplicate or
-    /// a publisher that went backwards.
-    live_next: u64,
-    /// Backwards batches in a row, each one past the one before, and the
-    /// last of them.
-    behind: (u32, u64),
+    /// Its batch numbers.
+    seq: Sequence,
 }
 
 /// Subscribes to every worker's events and keeps a [`PrefixIndex`] of what
@@ -79,7 +67,7 @@ struct Worker {
 /// batch in order; the first batch from a worker asks for everything
 /// before it the same way. A replay that times out is left behind with
 /// its socket, so its late reply cannot answer a later request. A worker
-/// whose numbers start again ([`RESTART_RUN`] batches in a row below
+/// whose numbers start again ([`RESTART_RUN`](crate::RESTART_RUN) batches in a row below
 /// what it sent before) is taken to have restarted: forgotten, then
 /// followed from its new start.
 ///
@@ -154,9 +142,7 @@ impl Subscriber {
             workers.push(Worker {
                 sub,
                 replay,
-                next: 0,
-                live_next: 0,
-                behind: (0, 0),
+                seq: Sequence::default(),
             });
         }
         Ok(Self {
@@ -195,7 +181,7 @@ impl Subscriber {
     /// The sequence number the next batch of `worker` should carry: every
     /// batch below it has been applied (or counted as unfilled).
     pub fn next_seq(&self, worker: usize) -> u64 {
-        self.workers[worker].next
+        self.workers[worker].seq.next()
     }
 
     /// Forgets what `worker` held, and that it held anything: for a
@@ -204,8 +190,7 @@ impl Subscriber {
     /// starts a new stream, replayed from 0 where the publisher kept it.
     pub fn forget_worker(&mut self, worker: usize) {
         self.index.forget_worker(worker);
-        let w = &mut self.workers[worker];
-        (w.next, w.live_next, w.behind) = (0, 0, (0, 0));
+        self.workers[worker].seq.restart();
     }
 
     /// Applies every message waiting now, after waiting up to `timeout_ms`
@@ -245,7 +230,7 @@ impl Subscriber {
     /// `timeout_ms` passed; returns whether it got there.
     pub fn sync(&mut self, worker: usize, seq: u64, timeout_ms: u64) -> Result<bool, zmq::Error> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
-        while self.workers[worker].next < seq {
+        while self.workers[worker].seq.next() < seq {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Ok(false);
@@ -287,35 +272,28 @@ impl Subscriber {
             self.problem(format!("worker {w}: sequence number {seq}"));
             return Ok(());
         }
-        let worker = &mut self.workers[w];
-        if seq < worker.live_next {
-            let (run, last) = worker.behind;
-            let run = if run > 0 && seq == last.wrapping_add(1) {
-                run + 1
-            } else {
-                1
-            };
-            worker.behind = (run, seq);
-            if run < RESTART_RUN {
-                let last = worker.live_next - 1;
-                self.stats.backwards += 1;
-                self.problem(format!("worker {w}: batch {seq} after {last}"));
-                return Ok(());
-            }
+        let mut live = self.workers[w].seq.live(seq);
+        if live == Live::Restarted {
             self.stats.restarts += 1;
             self.problem(format!("worker {w}: restarted (batch {seq})"));
             self.forget_worker(w);
+            live = self.workers[w].seq.live(seq);
         }
-        let worker = &mut self.workers[w];
-        worker.behind = (0, 0);
-        worker.live_next = seq + 1;
-        if seq > worker.next {
-            self.stats.gaps += 1;
-            self.fill(w, seq)?;
-        }
-        // A replay may have brought this batch already.
-        if seq == self.workers[w].next {
-            self.apply(w, seq, payload);
+        match live {
+            Live::Behind { last } => {
+                self.stats.backwards += 1;
+                self.problem(format!("worker {w}: batch {seq} after {last}"));
+            }
+            Live::Gap { .. } => {
+                self.stats.gaps += 1;
+                self.fill(w, seq)?;
+                // The replay may have brought this batch already.
+                if seq == self.workers[w].seq.next() {
+                    self.apply(w, seq, payload);
+                }
+            }
+            Live::Next => self.apply(w, seq, payload),
+            Live::Done | Live::Restarted => {}
         }
         Ok(())
     }
@@ -324,7 +302,7 @@ impl Subscriber {
     /// on, and applies them in order; whatever below `to` it cannot supply
     /// is counted lost.
     fn fill(&mut self, w: usize, to: u64) -> Result<(), zmq::Error> {
-        let from = self.workers[w].next;
+        let from = self.workers[w].seq.next();
         let mut got = Vec::new();
         let mut ended = true;
         if let Some((replay, _)) = &self.workers[w].replay {
@@ -368,20 +346,17 @@ impl Subscriber {
             self.reset_replay(w)?;
         }
         for (seq, payload) in got {
-            let next = self.workers[w].next;
-            if seq < next {
+            let Replayed::Apply { lost } = self.workers[w].seq.replayed(seq) else {
                 continue;
-            }
-            if seq > next {
-                self.unfilled(w, next, seq);
+            };
+            if !lost.is_empty() {
+                self.unfilled(w, lost);
             }
             self.stats.replayed += 1;
             self.apply(w, seq, &payload);
         }
-        let next = self.workers[w].next;
-        if next < to {
-            self.unfilled(w, next, to);
-            self.workers[w].next = to;
+        if let Some(lost) = self.workers[w].seq.filled(to) {
+            self.unfilled(w, lost);
         }
         Ok(())
     }
@@ -394,13 +369,14 @@ impl Subscriber {
         Ok(())
     }
 
-    fn unfilled(&mut self, w: usize, from: u64, to: u64) {
-        self.stats.unfilled = self.stats.unfilled.saturating_add(to - from);
-        self.problem(format!("worker {w}: batches {from}..{to} lost"));
+    fn unfilled(&mut self, w: usize, lost: std::ops::Range<u64>) {
+        let n = lost.end - lost.start;
+        self.stats.unfilled = self.stats.unfilled.saturating_add(n);
+        self.problem(format!("worker {w}: batches {lost:?} lost"));
     }
 
     fn apply(&mut self, w: usize, seq: u64, payload: &[u8]) {
-        self.workers[w].next = seq + 1;
+        self.workers[w].seq.applied(seq);
         match decode(payload) {
             Ok(Batch {
                 events, skipped, ..
