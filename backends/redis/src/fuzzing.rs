@@ -11,7 +11,7 @@ use crate::value;
 /// decoded too, and any one-byte corruption of it is refused.
 pub fn value_decode(data: &[u8]) {
     let (&pick, rest) = data.split_first().unwrap_or((&0, &[]));
-    let dtype = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16][usize::from(pick % 3)];
+    let dtype = KvDtype::ALL[usize::from(pick) % KvDtype::ALL.len()];
     let order = if pick & 4 == 0 {
         KeyOrder::TokenMajor
     } else {
