@@ -250,6 +250,38 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
             } else {
                 assert_eq!(out, base, "fp8 on bf16 where nothing takes it");
             }
+            // The case's heads are at most 16 wide, and the bf16 weighted
+            // sum takes multiples of 64: one GQA decode over fp8 pages of
+            // width 64 too, its contents and lengths from the input.
+            let mut rng = Rng::new(u.arbitrary::<u64>().unwrap_or(0));
+            let spec = LayoutSpec::new(1, 8, 2, 64, 16, KvDtype::F8E4M3)
+                .with_key_order(KeyOrder::DimMajor);
+            let lens = [small(&mut u, 1, 70) as usize, small(&mut u, 1, 40) as usize];
+            let sc = Scenario::random(
+                KvLayout::new(spec).expect("valid"),
+                &[(lens[0], 1), (lens[1], 1)],
+                &mut rng,
+            )
+            .expect("small");
+            let q = sc.random_queries(0, &mut rng).expect("in range");
+            let table = sc.seq_attention(0, 0).expect("in range");
+            let batch = AttentionBatch::new(0, 0, &table, &q, 0.125);
+            let want = sc.naive_f64(0, 0, &q, 0.125).expect("in range");
+            let (mut base, mut out) = (vec![f32::NAN; q.len()], vec![f32::NAN; q.len()]);
+            engine
+                .attend(&sc.pages, &batch, &mut base)
+                .expect("valid batch");
+            pairs
+                .attend(&sc.pages, &batch, &mut out)
+                .expect("valid batch");
+            let err = max_rel_err(&out, &want);
+            assert!(
+                err < 1e-2,
+                "fp8 on bf16, width 64: max relative error {err:e}"
+            );
+            if !pairs.fp8_bf16() {
+                assert_eq!(out, base, "fp8 on bf16 where nothing takes it");
+            }
         }
         if together {
             engine

@@ -570,7 +570,7 @@ fn int8_queries_give_the_attention_of_their_rounding() {
 
 /// Fp8 pages on bf16 dot products ([`CpuEngine::with_fp8_bf16`]) against
 /// the f64 oracle over the same codes: within the rounding of the query
-/// rows and the softmax weights to bf16 (2^-9 of each), and not the
+/// rows and the softmax weights to bf16 (2^-8 of each), and not the
 /// engine's f32 kernels' results (the path was taken). Head widths of 128
 /// and 64 (the bf16 weighted sum) and 32 (scores alone), blocks of 16
 /// (one load per four dims) and 32, 1 to 6 query heads per kv head, whole

@@ -12,7 +12,7 @@
 //! two-table byte permutes; the sign is the code's top bit.
 //!
 //! The other side of each product is rounded to bf16 (8 significant
-//! bits, relative error at most 2^-9): the query rows in the scores, the
+//! bits, relative error at most 2^-8): the query rows in the scores, the
 //! softmax weights in the weighted sum. Both are first scaled by a power
 //! of two that puts their largest near 2^64, so that no product that
 //! matters is a subnormal (which `vdpbf16ps` reads and writes as zero);
@@ -234,8 +234,11 @@ fn four_row_scores_softmax_dim_major(
     ahead: &[&[u8]],
 ) {
     let d = q.len() / 4;
-    let fit = dtype == KvDtype::F8E4M3 && !scales.is_empty() && d.is_multiple_of(2) && d <= MAX_DIMS;
-    let Some(e) = fit.then(|| top_exponent(q)).flatten() else {
+    // Head widths are a multiple of 8 by the kernels' contract; four
+    // dims per step need 4.
+    let fit =
+        dtype == KvDtype::F8E4M3 && !scales.is_empty() && d.is_multiple_of(4) && d <= MAX_DIMS;
+    let Some(e) = fit.then(|| top_exponent(&q[..4 * d])).flatten() else {
         return avx512::four_row_scores_softmax_dim_major(
             dtype, q, keys, scales, weights, state, ahead,
         );
@@ -243,7 +246,8 @@ fn four_row_scores_softmax_dim_major(
     let (d, bt, n) = shapes::four_row_dim_major(q.len(), keys, 1, weights.len(), state.lens());
     let scales = shapes::key_scales(scales, n);
     let mut pairs = [[0u32; MAX_DIMS / 2]; 4];
-    // SAFETY: `q` holds `4·d` elements, `d` even and at most `MAX_DIMS`.
+    // SAFETY: `q` holds `4·d` elements, `d` a multiple of 4 and at most
+    // `MAX_DIMS`.
     unsafe { pack_rows(q.as_ptr(), d, TOP_EXP - e, &mut pairs) };
     // Products are q·2^(64−e) times each code's value; `scales` hold each
     // key's scale times 256 (`raw_scale`), for codes read as value / 256.
@@ -270,8 +274,8 @@ fn four_row_scores_softmax_dim_major(
 /// bf16, two dims to a word (the lower dim in the low half).
 ///
 /// # Safety
-/// `q` is valid for `4·d` reads, `d` is even and at most `MAX_DIMS`;
-/// AVX-512 F and BF16 are present.
+/// `q` is valid for `4·d` reads, `d` is a multiple of 4 and at most
+/// `MAX_DIMS`; AVX-512 F and BF16 are present.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn pack_rows(q: *const f32, d: usize, shift: i32, out: &mut [[u32; MAX_DIMS / 2]; 4]) {
     for (r, row) in out.iter_mut().enumerate() {
@@ -299,9 +303,9 @@ unsafe fn pack_rows(q: *const f32, d: usize, shift: i32, out: &mut [[u32; MAX_DI
 ///
 /// # Safety
 /// As [`avx2::DimMajorKernel`](super::avx2::DimMajorKernel) for one-byte
-/// codes, with the query rows packed in `q` (`d / 2` words each, `d`
-/// even) and `scales` not null; AVX-512 F, BW, VL, VBMI and BF16, AVX2
-/// and FMA are present.
+/// codes, with the query rows packed in `q` (`d / 2` words each, `d` a
+/// multiple of 4) and `scales` not null; AVX-512 F, BW, VL, VBMI and
+/// BF16, AVX2 and FMA are present.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dim_major_fp8(
@@ -330,8 +334,8 @@ unsafe fn dim_major_fp8(
     let idx = idx.map(|i| unsafe { _mm512_loadu_si512(i.as_ptr().cast()) });
     let mut vmax = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
     let mut g = 0;
-    // SAFETY: group `gb` of a segment reads dims `c..c + 4` below `d` of
-    // its 16 keys, inside the block's `bt·d` bytes; group `g` reads scales
+    // SAFETY: group `gb` of a segment reads dims `c..c + 4 ≤ d` of its 16
+    // keys, inside the block's `bt·d` bytes; group `g` reads scales
     // `16g..16g + 16` and writes weights `64g..64g + 64`, under `n` and
     // `4·n`; as the contract requires.
     unsafe {
@@ -344,15 +348,13 @@ unsafe fn dim_major_fp8(
                 while c < d {
                     let at = gb * 16 * d + c * 16;
                     region.fetch_lines(at, at + 64);
-                    let (lo, hi) = tables.bytes(four_dims(kp, bt, c, d));
+                    let (lo, hi) = tables.bytes(four_dims(kp, bt, c));
                     let k0 = as_bf16(_mm512_permutex2var_epi8(lo, idx[0], hi));
                     let k1 = as_bf16(_mm512_permutex2var_epi8(lo, idx[1], hi));
                     for r in 0..4 {
                         acc[r] = _mm512_dpbf16_ps(acc[r], k0, query_pair(q, r, c));
-                        if c + 2 < d {
-                            let q1 = query_pair(q, r, c + 2);
-                            acc[4 + r] = _mm512_dpbf16_ps(acc[4 + r], k1, q1);
-                        }
+                        let q1 = query_pair(q, r, c + 2);
+                        acc[4 + r] = _mm512_dpbf16_ps(acc[4 + r], k1, q1);
                     }
                     c += 4;
                 }
@@ -371,32 +373,29 @@ unsafe fn dim_major_fp8(
     }
 }
 
-/// The codes of dims `c..c + 4` (those below `d`, zeros beyond) of a
-/// group's 16 keys, 16 bytes per dim, from a block of `bt` keys stored
-/// `[d][bt]`: one load where the block is one group wide.
+/// The codes of dims `c..c + 4` of a group's 16 keys, 16 bytes per dim,
+/// from a block of `bt` keys stored `[d][bt]`: one load where the block
+/// is one group wide.
 ///
 /// # Safety
-/// `kp + i·bt` is valid for 16 reads for every dim `c + i < d`; AVX-512
-/// F is present.
+/// `kp + i·bt` is valid for 16 reads for every `i` in `c..c + 4`;
+/// AVX-512 F is present.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn four_dims(kp: *const u8, bt: usize, c: usize, d: usize) -> __m512i {
+unsafe fn four_dims(kp: *const u8, bt: usize, c: usize) -> __m512i {
     // SAFETY: the contract above.
     unsafe {
-        if bt == 16 && c + 4 <= d {
+        if bt == 16 {
             return _mm512_loadu_si512(kp.add(c * bt).cast());
         }
-        let mut x = [_mm_setzero_si128(); 4];
-        for (i, x) in x.iter_mut().enumerate().take(d - c) {
-            *x = _mm_loadu_si128(kp.add((c + i) * bt).cast());
-        }
+        let x = [0, 1, 2, 3].map(|i| _mm_loadu_si128(kp.add((c + i) * bt).cast()));
         let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(x[0]), x[1]);
         let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(x[2]), x[3]);
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
     }
 }
 
-/// Row `r`'s dims `c` and `c + 1` (`c` even, `c < d`) of packed queries,
+/// Row `r`'s dims `c` and `c + 1` (`c` even, `c + 1 < d`) of packed queries,
 /// in every lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -457,7 +456,7 @@ struct KeyPair {
 /// one pass per 64 dims whose sixteen sums (four rows, four vectors of
 /// 16 dims) stay in registers for the chunk. Two value rows interleaved
 /// byte by byte, through the tables, put one dim of both keys in each
-/// lane; each lane's sum is the dim's, times 2^(e − 64 − 8).
+/// lane; the dim's sum is the lane's times 2^(e − 64 − 8).
 ///
 /// # Safety
 /// `p` is valid for `4·n` reads (`n` the rows of `values` in all), their

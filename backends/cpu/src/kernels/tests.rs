@@ -303,6 +303,7 @@ fn dim_major_four_row_scores_agree_with_token_major() {
             (24, 16, 3),
             (128, 16, 4),
             (40, 48, 2),
+            (512, 16, 1),
         ] {
             let n = bt * blocks;
             let vals: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -403,11 +404,12 @@ fn rounds_fp8_products(_: &Kernels) -> bool {
 }
 
 /// How far `Σ x_c · v_c`, `v` the raw values of E4M3 `codes`, may move
-/// on bf16 dot products: each `x_c` rounded to bf16 (2^-9 of itself;
-/// 2^-8 here, leaving room for the f32 sums' order).
+/// on bf16 dot products: each `x_c` rounded to bf16, off by at most 2^-8
+/// of itself, and 2^-16 of each term more for the f32 sums' order.
 fn bf16_bound(x: &[f32], codes: &[u8]) -> f32 {
     let raw = raw_values(KvDtype::F8E4M3, codes);
-    x.iter().zip(raw).map(|(x, v)| (x * v).abs() / 256.0).sum()
+    let size: f32 = x.iter().zip(raw).map(|(x, v)| (x * v).abs()).sum();
+    size * (1.0 / 256.0 + 1.0 / 65536.0)
 }
 
 /// The sets this CPU runs that have four-row kernels (none says so).
