@@ -11,9 +11,8 @@ use std::collections::HashMap;
 use kvslice_core::events::{KvEvent, Medium};
 use kvslice_core::{BlockHash, SliceKey};
 
-use crate::RESTART_RUN;
 use crate::index::PrefixIndex;
-use crate::sequence::{Live, Replayed, Sequence};
+use crate::sequence::{Live, RESTART_RUN, Replayed, Sequence};
 use crate::wire::{self, WireEvent};
 
 /// Runs every check on `data`.
@@ -37,8 +36,8 @@ pub fn payload(data: &[u8]) {
 /// each. Checked against a plain model: since the stream (re)started,
 /// every batch below the next is applied or counted lost, exactly once;
 /// applied batches rise; a batch dropped as behind changes nothing; and a
-/// restart comes only after [`RESTART_RUN`] behind batches in a row, each
-/// one past the one before.
+/// restart comes exactly when [`RESTART_RUN`] behind batches in a row run
+/// on one past another.
 fn sequence(data: &[u8]) {
     let mut seq = Sequence::default();
     // Since the (re)start: batches applied, batches counted lost, the
@@ -64,17 +63,16 @@ fn sequence(data: &[u8]) {
             _ => u64::from(a & 0x3F) << 20,
         };
         let before = seq;
+        // Whether this batch makes a run of RESTART_RUN behind batches,
+        // each one past the one before: then, and only then, a restart.
+        let k = RESTART_RUN as usize - 1;
+        let restarts = newest.is_some_and(|newest| n <= newest)
+            && run.len() >= k
+            && run[run.len() - k..].windows(2).all(|w| w[1] == w[0] + 1)
+            && run.last().is_none_or(|l| n == l + 1);
         let mut live = seq.live(n);
+        assert_eq!(live == Live::Restarted, restarts, "batch {n} after {run:?}");
         if live == Live::Restarted {
-            assert!(
-                run.len() + 1 >= RESTART_RUN as usize,
-                "restart after {run:?}"
-            );
-            let tail = &run[run.len() + 1 - RESTART_RUN as usize..];
-            assert!(
-                tail.windows(2).all(|w| w[1] == w[0] + 1) && tail.last().is_none_or(|l| n == l + 1),
-                "restart after {run:?} then {n}"
-            );
             seq.restart();
             (applied, lost, last_applied, newest) = (0, 0, None, None);
             run.clear();

@@ -24,6 +24,7 @@
 pub mod index;
 #[cfg(feature = "zmq")]
 mod publisher;
+#[cfg(any(feature = "zmq", feature = "fuzzing"))]
 mod sequence;
 #[cfg(feature = "zmq")]
 mod subscriber;
@@ -34,6 +35,7 @@ pub mod fuzzing;
 
 #[cfg(feature = "zmq")]
 pub use publisher::{Publisher, PublisherConfig};
+#[cfg(feature = "zmq")]
 pub use sequence::RESTART_RUN;
 #[cfg(feature = "zmq")]
 pub use subscriber::{Source, Subscriber, SubscriberStats};
