@@ -10,7 +10,7 @@ use arbitrary::Unstructured;
 use kvslice_core::testkit::{Rng, Scenario, all_close, edge_cases, max_rel_err, tolerance};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, KvWrite, LayoutSpec,
-    ReferenceEngine,
+    PageBuf, ReferenceEngine,
 };
 
 use crate::CpuEngine;
@@ -171,9 +171,9 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
         .with_chunk_pages(u.arbitrary().unwrap_or(0))
         .with_span_keys(u.arbitrary().unwrap_or(0))
         .with_query_tile_rows(u.arbitrary().unwrap_or(0));
-    let mut pages = kvslice_core::PageBuf::new(case.layout, case.pages).expect("small");
+    let mut pages = PageBuf::new(case.layout, case.pages).expect("small");
     let want = case.run(&ReferenceEngine, &mut pages);
-    let mut pages = kvslice_core::PageBuf::new(case.layout, case.pages).expect("small");
+    let mut pages = PageBuf::new(case.layout, case.pages).expect("small");
     let got = case.run(&engine, &mut pages);
     assert!(
         case.agrees(&got, &want, 1e-3),
@@ -221,35 +221,28 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
             .expect("in range");
         if int8 {
             let rounded = engine.clone().with_int8_queries(true);
-            let mut base = vec![f32::NAN; finite_q.len()];
-            engine
-                .attend(&sc.pages, &batch, &mut base)
-                .expect("valid batch");
-            rounded
-                .attend(&sc.pages, &batch, &mut out)
-                .expect("valid batch");
-            if rounded.int8_queries() && dtype == KvDtype::I8 && order == KeyOrder::DimMajor {
-                let err = max_rel_err(&out, &want);
-                assert!(err < 5e-2, "int8 queries: max relative error {err:e}");
-            } else {
-                assert_eq!(out, base, "int8 queries where nothing takes them");
-            }
+            let takes =
+                rounded.int8_queries() && dtype == KvDtype::I8 && order == KeyOrder::DimMajor;
+            let what = "int8 queries";
+            let opt_in = OptIn {
+                engine: &rounded,
+                takes,
+                bound: 5e-2,
+                what,
+            };
+            opt_in.check(&engine, &sc.pages, &batch, &want);
         }
         if bf16 {
             let pairs = engine.clone().with_fp8_bf16(true);
-            let mut base = vec![f32::NAN; finite_q.len()];
-            engine
-                .attend(&sc.pages, &batch, &mut base)
-                .expect("valid batch");
-            pairs
-                .attend(&sc.pages, &batch, &mut out)
-                .expect("valid batch");
-            if pairs.fp8_bf16() && dtype == KvDtype::F8E4M3 {
-                let err = max_rel_err(&out, &want);
-                assert!(err < 5e-2, "fp8 on bf16: max relative error {err:e}");
-            } else {
-                assert_eq!(out, base, "fp8 on bf16 where nothing takes it");
-            }
+            let takes = pairs.fp8_bf16() && dtype == KvDtype::F8E4M3;
+            let what = "fp8 on bf16";
+            let opt_in = OptIn {
+                engine: &pairs,
+                takes,
+                bound: 5e-2,
+                what,
+            };
+            opt_in.check(&engine, &sc.pages, &batch, &want);
             // The case's heads are at most 16 wide, and the bf16 weighted
             // sum takes multiples of 64: one GQA decode over fp8 pages of
             // width 64 too, its contents and lengths from the input.
@@ -267,21 +260,15 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
             let table = sc.seq_attention(0, 0).expect("in range");
             let batch = AttentionBatch::new(0, 0, &table, &q, 0.125);
             let want = sc.naive_f64(0, 0, &q, 0.125).expect("in range");
-            let (mut base, mut out) = (vec![f32::NAN; q.len()], vec![f32::NAN; q.len()]);
-            engine
-                .attend(&sc.pages, &batch, &mut base)
-                .expect("valid batch");
-            pairs
-                .attend(&sc.pages, &batch, &mut out)
-                .expect("valid batch");
-            let err = max_rel_err(&out, &want);
-            assert!(
-                err < 1e-2,
-                "fp8 on bf16, width 64: max relative error {err:e}"
-            );
-            if !pairs.fp8_bf16() {
-                assert_eq!(out, base, "fp8 on bf16 where nothing takes it");
-            }
+            let takes = pairs.fp8_bf16();
+            let what = "fp8 on bf16, width 64";
+            let opt_in = OptIn {
+                engine: &pairs,
+                takes,
+                bound: 1e-2,
+                what,
+            };
+            opt_in.check(&engine, &sc.pages, &batch, &want);
         }
         if together {
             engine
@@ -293,6 +280,41 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
         }
     }
     rerun
+}
+
+/// An engine option that rounds something (int8 queries, fp8 on bf16
+/// products), as [`OptIn::check`] holds it.
+struct OptIn<'e> {
+    /// The engine with the option asked for.
+    engine: &'e CpuEngine,
+    /// Whether the option takes the batch.
+    takes: bool,
+    /// The largest relative error (max norm) from the oracle it may make.
+    bound: f64,
+    what: &'static str,
+}
+
+impl OptIn<'_> {
+    /// Panics unless the option's output is within `bound` of `want` where
+    /// it takes the batch, and `base`'s to the bit everywhere else.
+    fn check(&self, base: &CpuEngine, pages: &PageBuf, batch: &AttentionBatch<'_>, want: &[f64]) {
+        let n = batch.queries.len();
+        let (mut plain, mut out) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+        base.attend(pages, batch, &mut plain).expect("valid batch");
+        self.engine
+            .attend(pages, batch, &mut out)
+            .expect("valid batch");
+        if self.takes {
+            let err = max_rel_err(&out, want);
+            assert!(
+                err < self.bound,
+                "{}: max relative error {err:e}",
+                self.what
+            );
+        } else {
+            assert_eq!(out, plain, "{} where nothing takes it", self.what);
+        }
+    }
 }
 
 /// Panics with `what` unless `got` is within the suite's tolerance for

@@ -481,13 +481,23 @@ fn rounded_queries(q: &[f32], d: usize, scale: f32) -> Vec<f32> {
     out
 }
 
+/// (head width, block, query heads for 2 kv heads) of the opt-in
+/// kernels' tests: GQA 4, and 3, 1 and 6 through the row groups; widths
+/// of 128 and 64 (the byte and bf16 weighted sums) and 32 (the f32 one),
+/// blocks of 16 (one load per four dims) and 32.
+const GQA_SHAPES: [(u32, usize, u32); 6] = [
+    (128, 16, 8),
+    (64, 32, 8),
+    (32, 16, 8),
+    (128, 16, 6),
+    (64, 16, 2),
+    (32, 32, 12),
+];
+
 /// Int8 keys scored against int8 queries ([`CpuEngine::with_int8_queries`])
 /// give the oracle's attention for the rounded queries (whole blocks, so
 /// every score takes the int8 kernel), and stay near the unrounded
-/// queries' with a partial last block on f32 queries. Head widths of 128
-/// (the byte weighted sum's two halves), 64 and 32 (the f32 weighted
-/// sum), blocks of 16 (one load per four dims) and 32, 1 to 6 query heads
-/// per kv head (in row groups of four).
+/// queries' with a partial last block on f32 queries; [`GQA_SHAPES`].
 #[test]
 fn int8_queries_give_the_attention_of_their_rounding() {
     let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
@@ -514,16 +524,7 @@ fn int8_queries_give_the_attention_of_their_rounding() {
     let mut rng = Rng::new(41);
     let scale = 0.09;
     for k in sets {
-        // (head width, block, query heads for 2 kv heads): GQA 4, and 3,
-        // 1 and 6 through the row groups.
-        for (hd, bt, qh) in [
-            (128u32, 16usize, 8u32),
-            (64, 32, 8),
-            (32, 16, 8),
-            (128, 16, 6),
-            (64, 16, 2),
-            (32, 32, 12),
-        ] {
+        for (hd, bt, qh) in GQA_SHAPES {
             let spec = LayoutSpec::new(1, qh, 2, hd, bt as u32, KvDtype::I8)
                 .with_key_order(KeyOrder::DimMajor);
             let layout = KvLayout::new(spec).unwrap();
@@ -571,10 +572,8 @@ fn int8_queries_give_the_attention_of_their_rounding() {
 /// Fp8 pages on bf16 dot products ([`CpuEngine::with_fp8_bf16`]) against
 /// the f64 oracle over the same codes: within the rounding of the query
 /// rows and the softmax weights to bf16 (2^-8 of each), and not the
-/// engine's f32 kernels' results (the path was taken). Head widths of 128
-/// and 64 (the bf16 weighted sum) and 32 (scores alone), blocks of 16
-/// (one load per four dims) and 32, 1 to 6 query heads per kv head, whole
-/// blocks and a partial last one.
+/// engine's f32 kernels' results (the path was taken); [`GQA_SHAPES`],
+/// whole blocks and a partial last one.
 #[test]
 fn fp8_on_bf16_stays_within_its_rounding() {
     let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
@@ -596,13 +595,7 @@ fn fp8_on_bf16_stays_within_its_rounding() {
     let mut rng = Rng::new(43);
     let scale = 0.09;
     for k in sets {
-        for (hd, bt, qh) in [
-            (128u32, 16usize, 8u32),
-            (64, 32, 8),
-            (32, 16, 8),
-            (128, 16, 6),
-            (64, 16, 2),
-        ] {
+        for (hd, bt, qh) in GQA_SHAPES {
             let spec = LayoutSpec::new(1, qh, 2, hd, bt as u32, KvDtype::F8E4M3)
                 .with_key_order(KeyOrder::DimMajor);
             let layout = KvLayout::new(spec).unwrap();
