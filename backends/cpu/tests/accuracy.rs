@@ -7,7 +7,7 @@ use kvslice_core::{
     AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, LayoutSpec, PageBuf,
     PageId, SeqAttention,
 };
-use kvslice_cpu::{CpuEngine, Kernels};
+use kvslice_cpu::{CpuEngine, FourRowKernels, Kernels};
 
 #[test]
 fn every_kernel_set_passes_the_suite() {
@@ -416,7 +416,7 @@ fn dim_major_decode_takes_the_dim_major_kernel() {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use kvslice_cpu::{FourRowKernels, SoftmaxState};
+    use kvslice_cpu::SoftmaxState;
 
     static INNER: OnceLock<FourRowKernels> = OnceLock::new();
     static CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -481,6 +481,16 @@ fn rounded_queries(q: &[f32], d: usize, scale: f32) -> Vec<f32> {
     out
 }
 
+/// The kernel sets this CPU runs (only `required`, if named) whose
+/// four-row kernels have what `has` asks for.
+fn sets_with(required: Option<&str>, has: impl Fn(&FourRowKernels) -> bool) -> Vec<Kernels> {
+    Kernels::supported()
+        .into_iter()
+        .filter(|k| required.is_none_or(|r| r == k.name))
+        .filter(|k| k.stored.and_then(|s| s.four_rows).is_some_and(|f| has(&f)))
+        .collect()
+}
+
 /// (head width, block, query heads for 2 kv heads) of the opt-in
 /// kernels' tests: GQA 4, and 3, 1 and 6 through the row groups; widths
 /// of 128 and 64 (the byte and bf16 weighted sums) and 32 (the f32 one),
@@ -501,15 +511,7 @@ const GQA_SHAPES: [(u32, usize, u32); 6] = [
 #[test]
 fn int8_queries_give_the_attention_of_their_rounding() {
     let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
-    let sets: Vec<Kernels> = Kernels::supported()
-        .into_iter()
-        .filter(|k| required.as_deref().is_none_or(|r| r == k.name))
-        .filter(|k| {
-            k.stored
-                .and_then(|s| s.four_rows)
-                .is_some_and(|f| f.int8_queries.is_some())
-        })
-        .collect();
+    let sets = sets_with(required.as_deref(), |f| f.int8_queries.is_some());
     if sets.is_empty() {
         // A run that exists for a VNNI set must not skip what it is for.
         assert!(
@@ -577,15 +579,7 @@ fn int8_queries_give_the_attention_of_their_rounding() {
 #[test]
 fn fp8_on_bf16_stays_within_its_rounding() {
     let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
-    let sets: Vec<Kernels> = Kernels::supported()
-        .into_iter()
-        .filter(|k| required.as_deref().is_none_or(|r| r == k.name))
-        .filter(|k| {
-            k.stored
-                .and_then(|s| s.four_rows)
-                .is_some_and(|f| f.fp8_bf16.is_some())
-        })
-        .collect();
+    let sets = sets_with(required.as_deref(), |f| f.fp8_bf16.is_some());
     if sets.is_empty() {
         println!(
             "SKIPPED: no kernel set here has fp8 on bf16 dot products (needs AVX-512 BF16, VNNI and VBMI)"
