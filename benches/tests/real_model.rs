@@ -508,10 +508,10 @@ fn unsupported_ggufs_are_named() {
 
 /// A prompt over the runner's token budget is cut before it is keyed and
 /// computed, under both truncation policies: the generation reports the
-/// dropped positions, computes exactly the kept tokens (its prompt's
-/// logits equal those of the kept tokens with no budget), and a second
-/// identical request reuses the cut prompt's cached blocks and starts with
-/// the same token.
+/// dropped positions, computes exactly the kept tokens (the same logits
+/// and tokens, to the bit, as the kept tokens with no budget), and a
+/// second identical request reuses the cut prompt's cached blocks and
+/// starts with the same token.
 #[test]
 fn prompts_over_the_budget_are_cut_before_caching() {
     use kvslice_core::coordinator::{TokenBudget, Truncation};
@@ -550,20 +550,21 @@ fn prompts_over_the_budget_are_cut_before_caching() {
         let plain = Runner::new(&m.llama, &engine, layout, [3; 16])
             .generate(&store, &kept, 12, &[], Reuse::None, &mut |_| {})
             .unwrap();
-        // The prompt computed is the kept tokens, to the bit: the last
-        // position's logits (which every prompt token's K/V feeds) and so
-        // the first generated token. The greedy continuations are compared
-        // no further: with AVX2's kernels (and Zen 4's set, which scores
-        // with them) this prompt's third token under KeepFirstAndLast is
-        // 330 in some builds of this test and 11027 in others, as if two
-        // candidates tie to rounding; the cause is not yet found.
+        // Both computed the same 40 rows the same way: equal to the bit.
         assert_eq!(first.first_logits, plain.first_logits, "{truncation:?}");
-        assert_eq!(first.tokens[0], plain.tokens[0], "{truncation:?}");
+        assert_eq!(first.tokens, plain.tokens, "{truncation:?}");
         // Cut the same way again: the cut prompt's full blocks are reused.
         let second = runner
             .generate(&store, &ids, 12, &[], Reuse::Tokens, &mut |_| {})
             .unwrap();
         assert_eq!(second.reused_tokens, (max - 1) / 16 * 16, "{truncation:?}");
+        // Only the first token is compared. The reused prompt computes its
+        // last 8 rows alone, not among 40, and the engine's attention for
+        // a row can differ in the last bit with the rows it is tiled with
+        // (about 1e-7 of the output's scale); these quantized matmuls
+        // round activations to 8 bits, which can turn that into a logit
+        // difference of 0.38 here, and a near tie in the third token then
+        // goes the other way with AVX2's kernels (docs/MODEL.md).
         assert_eq!(second.tokens[0], first.tokens[0], "{truncation:?}");
     }
     // The default refuses, and the cache is untouched.
