@@ -4,8 +4,8 @@
 use kvslice_core::testkit::{Rng, Scenario, max_rel_err, window_suite_on};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, Error, KeyOrder, KvDtype, KvLayout, KvPart, KvWrite,
-    LayerGrouping, LayoutSpec, PageBuf, PageId, PageMemory, ReferenceEngine, SeqAttention,
-    read_head_rows,
+    LayerGrouping, LayoutSpec, PageBuf, PageId, PageMemory, PagePool, PageView, ReferenceEngine,
+    SeqAttention, read_head_rows,
 };
 
 /// (layers, q heads, kv heads, head_dim, grouping, shards)
@@ -353,6 +353,48 @@ fn bad_batches_are_typed_errors() {
         run(&ok, 1, 0, &nan_q, 0.5, &mut out),
         Err(Error::InvalidValue(_))
     ));
+}
+
+/// A write whose later page the memory refuses (a view's cached page)
+/// fails before it writes the earlier, writable page.
+#[test]
+fn a_write_refused_past_its_first_page_writes_nothing() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 2, KvDtype::F32)).unwrap();
+    let pool = PagePool::new(layout, 2).unwrap();
+    let cached = pool.alloc().unwrap().publish();
+    let mut fresh = pool.alloc().unwrap();
+    let table = [fresh.handle().id(), cached.handle().id()];
+    let kv = [9.0f32; 8];
+    let w = KvWrite {
+        layer: 0,
+        shard: 0,
+        block_table: &table,
+        start: 0,
+        k: &kv,
+        v: &kv,
+    };
+    {
+        let mut view = PageView::new(&pool);
+        view.add_mut(&mut fresh);
+        view.add_ref(&cached);
+        assert!(matches!(
+            ReferenceEngine.write_kv(&mut view, &w),
+            Err(Error::InvalidValue(_))
+        ));
+    }
+    {
+        // A page the view does not hold is refused the same way.
+        let mut view = PageView::new(&pool);
+        view.add_mut(&mut fresh);
+        assert!(matches!(
+            ReferenceEngine.write_kv(&mut view, &w),
+            Err(Error::OutOfRange { .. })
+        ));
+    }
+    assert!(
+        fresh.bytes().iter().all(|&b| b == 0),
+        "the fresh page was written"
+    );
 }
 
 #[test]

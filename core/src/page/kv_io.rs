@@ -256,6 +256,15 @@ pub fn write_kv<M: PageMemoryMut + ?Sized>(memory: &mut M, w: &KvWrite<'_>) -> R
     } = w.validate(&*memory)?;
     let hd = layout.head_dim() as usize;
     let bt = layout.block_tokens() as usize;
+    // Memory may refuse writes to a page it can read (a view's cached
+    // pages, or pages it does not hold): asked of every touched page
+    // before the first byte, so a refusal past the first page leaves the
+    // earlier ones as they were.
+    if n > 0 {
+        for block in w.start / bt..=(w.start + n - 1) / bt {
+            memory.page_mut(w.block_table[block])?;
+        }
+    }
     let row = heads * hd;
     let dtype = layout.dtype();
     let es = dtype.size_bytes();
