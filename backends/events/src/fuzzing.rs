@@ -37,7 +37,8 @@ pub fn payload(data: &[u8]) {
 /// every batch below the next is applied or counted lost, exactly once;
 /// applied batches rise; a batch dropped as behind changes nothing; and a
 /// restart comes exactly when [`RESTART_RUN`] behind batches in a row run
-/// on one past another.
+/// on one past another, or when a shorter such run from batch 0 runs on
+/// past the newest batch.
 fn sequence(data: &[u8]) {
     let mut seq = Sequence::default();
     // Since the (re)start: batches applied, batches counted lost, the
@@ -64,12 +65,19 @@ fn sequence(data: &[u8]) {
         };
         let before = seq;
         // Whether this batch makes a run of RESTART_RUN behind batches,
-        // each one past the one before: then, and only then, a restart.
+        // each one past the one before, or ends such a shorter run that
+        // began at 0 by running past the newest: then, and only then, a
+        // restart.
         let k = RESTART_RUN as usize - 1;
         let restarts = newest.is_some_and(|newest| n <= newest)
             && run.len() >= k
             && run[run.len() - k..].windows(2).all(|w| w[1] == w[0] + 1)
             && run.last().is_none_or(|l| n == l + 1);
+        let from_zero = newest.is_some_and(|newest| n > newest)
+            && n > 0
+            && run.len() as u64 >= n
+            && run[run.len() - n as usize..].iter().copied().eq(0..n);
+        let restarts = restarts || from_zero;
         let mut live = seq.live(n);
         assert_eq!(live == Live::Restarted, restarts, "batch {n} after {run:?}");
         if live == Live::Restarted {

@@ -10,6 +10,11 @@ use core::ops::Range;
 /// 0): the worker is then forgotten
 /// ([`Subscriber::forget_worker`](crate::Subscriber::forget_worker)) and
 /// its new stream applied from its start, replayed where it can be.
+///
+/// A shorter run counts too where it began at batch 0 and runs on past
+/// the newest batch seen: a publisher that restarted after sending fewer
+/// than this many. A restart whose first batches were all missed, and
+/// that had sent fewer than this many before, is not seen.
 pub const RESTART_RUN: u32 = 3;
 
 /// One worker's numbers. Every batch below [`next`](Self::next) has been
@@ -34,7 +39,8 @@ pub(crate) enum Live {
     /// backwards): dropped. `last` is the newest batch seen live.
     Behind { last: u64 },
     /// The last [`RESTART_RUN`] batches ran on one after another below
-    /// what was seen before: the publisher restarted. Forget the worker
+    /// what was seen before, or a shorter such run from batch 0 ran on
+    /// past it: the publisher restarted. Forget the worker
     /// ([`Sequence::restart`]) and offer the batch again.
     Restarted,
     /// Ahead of the next batch to apply: ask a replay for `from..seq`
@@ -81,6 +87,12 @@ impl Sequence {
                 },
                 false => Live::Restarted,
             };
+        }
+        // 0, 1, …, seq - 1 arrived behind and `seq` runs on past them: a
+        // stream numbered again from 0 (a live stream sends 0 once).
+        let (run, last) = self.behind;
+        if run > 0 && seq == last + 1 && seq == u64::from(run) {
+            return Live::Restarted;
         }
         self.behind = (0, 0);
         self.live_next = seq + 1;
@@ -159,5 +171,30 @@ mod tests {
         assert_eq!(s.live(2), Live::Restarted);
         s.restart();
         assert_eq!(s.live(2), Live::Gap { from: 0 });
+    }
+
+    /// A publisher that restarts after two batches: its new 0 and 1 are
+    /// behind, and its 2, one past them, is the restart.
+    #[test]
+    fn a_restart_after_fewer_than_a_run_is_seen() {
+        let mut s = Sequence::default();
+        for n in 0..2 {
+            assert_eq!(s.live(n), Live::Next);
+            s.applied(n);
+        }
+        assert_eq!(s.live(0), Live::Behind { last: 1 });
+        assert_eq!(s.live(1), Live::Behind { last: 1 });
+        assert_eq!(s.live(2), Live::Restarted);
+        s.restart();
+        assert_eq!(s.live(2), Live::Gap { from: 0 });
+        // A run behind that did not begin at 0 is a duplicate, not a
+        // restart: 1 then 2 after 0 and 1 were applied.
+        let mut s = Sequence::default();
+        for n in 0..2 {
+            s.live(n);
+            s.applied(n);
+        }
+        assert_eq!(s.live(1), Live::Behind { last: 1 });
+        assert_eq!(s.live(2), Live::Next);
     }
 }

@@ -155,18 +155,7 @@ fn a_slow_consumer_fills_its_gaps_from_the_replay_socket() {
 #[test]
 fn bad_input_is_counted_and_costs_nothing_known() {
     let ctx = zmq::Context::new();
-    let worker = ctx.socket(zmq::XPUB).unwrap();
-    worker.bind("tcp://127.0.0.1:*").unwrap();
-    let endpoint = worker.get_last_endpoint().unwrap().unwrap();
-    let mut sub = Subscriber::connect(
-        &[Source {
-            endpoint,
-            replay_endpoint: None,
-        }],
-        100,
-    )
-    .unwrap();
-    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let (worker, mut sub) = one_worker(&ctx);
     let stored = stored_block;
     let send = |frames: &[&[u8]]| worker.send_multipart(frames, 0).unwrap();
     let batch = |seq: u64, events: &[WireEvent]| {
@@ -328,12 +317,12 @@ fn a_late_replay_reply_answers_no_later_request() {
 /// followed from its new start once its numbers run on for
 /// `RESTART_RUN` batches, and what the worker held before is forgotten;
 /// a sequence number nothing can follow is refused.
-#[test]
-fn a_restarted_publisher_is_followed_from_its_new_start() {
-    let ctx = zmq::Context::new();
+/// A worker's XPUB socket with one subscriber (no replay socket)
+/// connected to it, the subscription received.
+fn one_worker(ctx: &zmq::Context) -> (zmq::Socket, Subscriber) {
     let worker = ctx.socket(zmq::XPUB).unwrap();
     worker.bind("tcp://127.0.0.1:*").unwrap();
-    let mut sub = Subscriber::connect(
+    let sub = Subscriber::connect(
         &[Source {
             endpoint: worker.get_last_endpoint().unwrap().unwrap(),
             replay_endpoint: None,
@@ -342,12 +331,22 @@ fn a_restarted_publisher_is_followed_from_its_new_start() {
     )
     .unwrap();
     assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
-    let batch = |seq: u64, b: u128| {
-        let p = encode(1.0, &[stored_block(b)]);
-        worker
-            .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
-            .unwrap();
-    };
+    (worker, sub)
+}
+
+/// Sends batch `seq` storing block `b`.
+fn send_batch(worker: &zmq::Socket, seq: u64, b: u128) {
+    let p = encode(1.0, &[stored_block(b)]);
+    worker
+        .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
+        .unwrap();
+}
+
+#[test]
+fn a_restarted_publisher_is_followed_from_its_new_start() {
+    let ctx = zmq::Context::new();
+    let (worker, mut sub) = one_worker(&ctx);
+    let batch = |seq: u64, b: u128| send_batch(&worker, seq, b);
     for seq in 0..4 {
         batch(seq, 1 + u128::from(seq));
     }
@@ -375,4 +374,28 @@ fn a_restarted_publisher_is_followed_from_its_new_start() {
     let stats = sub.stats();
     assert_eq!(stats.malformed, 1, "{stats:?}");
     assert!(knows(&sub, 50) && !knows(&sub, 99));
+}
+
+/// A publisher that restarts after two batches, fewer than
+/// `RESTART_RUN`: its new 0 and 1 come behind and its 2 runs on past
+/// them, which is the restart; the old blocks are forgotten.
+#[test]
+fn a_publisher_restarted_after_two_batches_is_seen() {
+    let ctx = zmq::Context::new();
+    let (worker, mut sub) = one_worker(&ctx);
+    for seq in 0..2 {
+        send_batch(&worker, seq, 1 + u128::from(seq));
+    }
+    poll_until(&mut sub, |s| s.next_seq(0) == 2);
+    assert!(knows(&sub, 1) && knows(&sub, 2));
+    for seq in 0..3 {
+        send_batch(&worker, seq, 10 + u128::from(seq));
+    }
+    poll_until(&mut sub, |s| s.stats().restarts == 1);
+    assert_eq!(sub.next_seq(0), 3);
+    assert!(
+        !knows(&sub, 1) && !knows(&sub, 2),
+        "the old blocks are forgotten"
+    );
+    assert!(knows(&sub, 12));
 }
