@@ -120,7 +120,12 @@ impl EventRing {
     /// stale (drained since).
     pub fn push(&self, event: KvEvent) -> bool {
         let p = &self.producers;
-        let mut t = p.tail.load(Ordering::Relaxed);
+        // Acquire on the tail, Release on claiming it: a producer that
+        // reads a tail also sees every head its claimer had seen. A
+        // producer that drained and then pushed otherwise let another
+        // read its new tail (from a failed exchange) with a head from
+        // before its drain: full by those two, and dropped, with room.
+        let mut t = p.tail.load(Ordering::Acquire);
         loop {
             // Acquire: the drainer's reads of the slot we may reuse
             // happened before it moved `head` past it.
@@ -128,7 +133,7 @@ impl EventRing {
             if h > t {
                 // `t` is stale: other producers claimed it and the drainer
                 // took it since. The tail is past `h` now; not full.
-                t = p.tail.load(Ordering::Relaxed);
+                t = p.tail.load(Ordering::Acquire);
                 continue;
             }
             if t - h > self.mask {
@@ -137,7 +142,7 @@ impl EventRing {
             }
             match p
                 .tail
-                .compare_exchange(t, t + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(t, t + 1, Ordering::Release, Ordering::Acquire)
             {
                 Ok(_) => break,
                 Err(now) => t = now,
