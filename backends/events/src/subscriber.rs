@@ -316,12 +316,20 @@ impl Subscriber {
             };
             let deadline = std::time::Instant::now()
                 + std::time::Duration::from_millis(self.replay_timeout_ms.max(0) as u64);
-            while sent && got.len() < MAX_REPLAY_BATCHES {
+            // Every message counts toward the cap and the deadline holds
+            // while messages keep coming: a peer that streams malformed
+            // replies without an end cannot hold the router here.
+            let mut received = 0;
+            while sent && received < MAX_REPLAY_BATCHES {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if received > 0 && left.is_zero() {
+                    break;
+                }
                 if replay.poll(zmq::POLLIN, left.as_millis() as i64)? == 0 {
                     break;
                 }
                 let frames = replay.recv_multipart(0)?;
+                received += 1;
                 let [seq, payload] = &frames[..] else {
                     self.stats.malformed += 1;
                     continue;

@@ -313,10 +313,6 @@ fn a_late_replay_reply_answers_no_later_request() {
     assert_eq!(known, [false, false, true, true, true, true]);
 }
 
-/// A publisher that starts again from 0 (its worker restarted) is
-/// followed from its new start once its numbers run on for
-/// `RESTART_RUN` batches, and what the worker held before is forgotten;
-/// a sequence number nothing can follow is refused.
 /// A worker's XPUB socket with one subscriber (no replay socket)
 /// connected to it, the subscription received.
 fn one_worker(ctx: &zmq::Context) -> (zmq::Socket, Subscriber) {
@@ -342,6 +338,10 @@ fn send_batch(worker: &zmq::Socket, seq: u64, b: u128) {
         .unwrap();
 }
 
+/// A publisher that starts again from 0 (its worker restarted) is
+/// followed from its new start once its numbers run on for
+/// `RESTART_RUN` batches, and what the worker held before is forgotten;
+/// a sequence number nothing can follow is refused.
 #[test]
 fn a_restarted_publisher_is_followed_from_its_new_start() {
     let ctx = zmq::Context::new();
@@ -398,4 +398,55 @@ fn a_publisher_restarted_after_two_batches_is_seen() {
         "the old blocks are forgotten"
     );
     assert!(knows(&sub, 12));
+}
+
+/// A replay peer that answers with an endless stream of malformed
+/// messages and no end holds the subscriber no longer than its replay
+/// timeout: the gap is counted unfilled and the live batch applied.
+#[test]
+fn an_endless_malformed_replay_is_cut_off() {
+    let ctx = zmq::Context::new();
+    let worker = ctx.socket(zmq::XPUB).unwrap();
+    worker.bind("tcp://127.0.0.1:*").unwrap();
+    let replay = ctx.socket(zmq::ROUTER).unwrap();
+    replay.bind("tcp://127.0.0.1:*").unwrap();
+    let mut sub = Subscriber::connect(
+        &[Source {
+            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
+            replay_endpoint: Some(replay.get_last_endpoint().unwrap().unwrap()),
+        }],
+        50,
+    )
+    .unwrap();
+    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let request = replay.recv_multipart(0).unwrap();
+            // One-frame replies, never an end, for at most 20 s.
+            let until = Instant::now() + Duration::from_secs(20);
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                if replay
+                    .send_multipart([&request[0][..], b"x"], zmq::DONTWAIT)
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+            }
+            sent
+        })
+    };
+    send_batch(&worker, 3, 7);
+    let start = Instant::now();
+    poll_until(&mut sub, |s| s.next_seq(0) == 4);
+    let took = start.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = server.join().unwrap();
+    let stats = sub.stats();
+    assert!(sent > 0 && stats.malformed > 0, "{sent} sent, {stats:?}");
+    assert_eq!(stats.unfilled, 3, "{stats:?}");
+    assert!(knows(&sub, 7));
+    assert!(took < Duration::from_secs(10), "held for {took:?}");
 }
