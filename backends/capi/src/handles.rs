@@ -47,6 +47,14 @@ impl Object {
 /// handles each) leave it 29 bits: half a billion reuses of one slot.
 pub(crate) struct HandleShape;
 
+// The figures above hold for 64-bit keys. With a 32-bit `usize` this
+// shape leaves the generation 2 bits: a slot's id would come round after
+// three reuses, and a destroyed handle would name a live object again.
+const _: () = assert!(
+    usize::BITS >= 64,
+    "the C ABI's handles need a 64-bit target (generation bits)"
+);
+
 impl sharded_slab::Config for HandleShape {
     const MAX_PAGES: usize = 16;
 }
