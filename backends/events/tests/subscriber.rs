@@ -254,19 +254,8 @@ fn poll_until(sub: &mut Subscriber, done: impl Fn(&Subscriber) -> bool) {
 #[test]
 fn a_late_replay_reply_answers_no_later_request() {
     let ctx = zmq::Context::new();
-    let worker = ctx.socket(zmq::XPUB).unwrap();
-    worker.bind("tcp://127.0.0.1:*").unwrap();
-    let replay = ctx.socket(zmq::ROUTER).unwrap();
-    replay.bind("tcp://127.0.0.1:*").unwrap();
-    let mut sub = Subscriber::connect(
-        &[Source {
-            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
-            replay_endpoint: Some(replay.get_last_endpoint().unwrap().unwrap()),
-        }],
-        200,
-    )
-    .unwrap();
-    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let (worker, replay, mut sub) = worker_sockets(&ctx, true, 200);
+    let replay = replay.unwrap();
     let payload = |seq: u64| encode(1.0, &[stored_block(100 + u128::from(seq))]);
     let (late_sent, wait_late) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
@@ -316,18 +305,37 @@ fn a_late_replay_reply_answers_no_later_request() {
 /// A worker's XPUB socket with one subscriber (no replay socket)
 /// connected to it, the subscription received.
 fn one_worker(ctx: &zmq::Context) -> (zmq::Socket, Subscriber) {
+    let (worker, _, sub) = worker_sockets(ctx, false, 100);
+    (worker, sub)
+}
+
+/// A worker's XPUB socket, and its replay ROUTER socket if asked, with
+/// one subscriber connected to them (replays timed out after
+/// `replay_timeout_ms`), the subscription received.
+fn worker_sockets(
+    ctx: &zmq::Context,
+    with_replay: bool,
+    replay_timeout_ms: i64,
+) -> (zmq::Socket, Option<zmq::Socket>, Subscriber) {
     let worker = ctx.socket(zmq::XPUB).unwrap();
     worker.bind("tcp://127.0.0.1:*").unwrap();
+    let replay = with_replay.then(|| {
+        let replay = ctx.socket(zmq::ROUTER).unwrap();
+        replay.bind("tcp://127.0.0.1:*").unwrap();
+        replay
+    });
     let sub = Subscriber::connect(
         &[Source {
             endpoint: worker.get_last_endpoint().unwrap().unwrap(),
-            replay_endpoint: None,
+            replay_endpoint: replay
+                .as_ref()
+                .map(|r| r.get_last_endpoint().unwrap().unwrap()),
         }],
-        100,
+        replay_timeout_ms,
     )
     .unwrap();
     assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
-    (worker, sub)
+    (worker, replay, sub)
 }
 
 /// Sends batch `seq` storing block `b`.
@@ -406,19 +414,8 @@ fn a_publisher_restarted_after_two_batches_is_seen() {
 #[test]
 fn an_endless_malformed_replay_is_cut_off() {
     let ctx = zmq::Context::new();
-    let worker = ctx.socket(zmq::XPUB).unwrap();
-    worker.bind("tcp://127.0.0.1:*").unwrap();
-    let replay = ctx.socket(zmq::ROUTER).unwrap();
-    replay.bind("tcp://127.0.0.1:*").unwrap();
-    let mut sub = Subscriber::connect(
-        &[Source {
-            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
-            replay_endpoint: Some(replay.get_last_endpoint().unwrap().unwrap()),
-        }],
-        50,
-    )
-    .unwrap();
-    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
+    let (worker, replay, mut sub) = worker_sockets(&ctx, true, 50);
+    let replay = replay.unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let server = {
         let stop = stop.clone();
