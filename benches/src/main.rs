@@ -68,7 +68,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = 24, value_parser = kvslice_benches::at_least_one())]
     requests: usize,
     /// Distinct system prompts the requests share.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = kvslice_benches::at_least_one())]
     system_prompts: usize,
     /// Greedy decode steps per request.
     #[arg(long, default_value_t = 8)]
@@ -92,8 +92,14 @@ struct TraceArgs {
     /// Skip (and count) malformed lines instead of failing on the first.
     #[arg(long)]
     skip_bad_lines: bool,
+}
+
+/// For the commands that serve one store from several threads (route and
+/// tier serve requests one at a time).
+#[derive(Args, Clone)]
+struct ThreadsArg {
     /// Worker threads serving requests concurrently.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = kvslice_benches::at_least_one())]
     threads: usize,
 }
 
@@ -101,6 +107,8 @@ struct TraceArgs {
 struct ReplayArgs {
     #[command(flatten)]
     trace: TraceArgs,
+    #[command(flatten)]
+    threads: ThreadsArg,
     /// Cache capacity in 512-token blocks; a comma-separated list sweeps.
     #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000,30000")]
     capacity_blocks: Vec<u32>,
@@ -233,6 +241,8 @@ impl TierOpts {
 struct SweepArgs {
     #[command(flatten)]
     trace: TraceArgs,
+    #[command(flatten)]
+    threads: ThreadsArg,
     /// Capacities to sweep, in blocks.
     #[arg(
         long,
@@ -322,7 +332,7 @@ fn policies(names: &[String]) -> Result<Vec<String>, String> {
 
 fn run_all(
     trace: &Trace,
-    args: &TraceArgs,
+    threads: usize,
     policies: &[String],
     capacities: &[u32],
     progress: bool,
@@ -333,7 +343,7 @@ fn run_all(
             let cfg = ReplayConfig {
                 policy: p.clone(),
                 capacity_blocks: c,
-                threads: if p == "belady" { 1 } else { args.threads },
+                threads: if p == "belady" { 1 } else { threads },
                 lockstep: false,
                 progress,
             };
@@ -366,7 +376,7 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
             args.trace.trace.display(),
             trace.requests.len(),
             trace.blocks(),
-            args.trace.threads
+            args.threads.threads
         );
     }
     let mut by_dtype = Vec::new();
@@ -376,7 +386,13 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
             .iter()
             .map(|&c| same_memory_blocks(c, dtype))
             .collect();
-        let reports = run_all(&trace, &args.trace, &policies, &capacities, !args.json)?;
+        let reports = run_all(
+            &trace,
+            args.threads.threads,
+            &policies,
+            &capacities,
+            !args.json,
+        )?;
         if args.json {
             for (i, r) in reports.iter().enumerate() {
                 let mut j = r.to_json();
@@ -446,7 +462,7 @@ fn run_replay_tier(
     urls: &str,
 ) -> Result<(), String> {
     use kvslice_benches::tier::{Setup, TierReplayConfig, table, tier_replay};
-    if args.trace.threads > 1 {
+    if args.threads.threads > 1 {
         return Err(
             "--tier replays one replica on one thread; `kvslice tier --replicas N` runs several"
                 .into(),
@@ -515,10 +531,27 @@ fn print_ratios(reports: &[ReplayReport]) {
     }
 }
 
+/// Refuses a plot path whose folder does not exist, before the replays
+/// that would otherwise run for minutes and then fail to write it.
+fn plot_folder_exists(out: &std::path::Path) -> Result<(), String> {
+    let folder = out.parent().filter(|p| !p.as_os_str().is_empty());
+    match folder.is_none_or(std::path::Path::is_dir) {
+        true => Ok(()),
+        false => Err(format!("--out {}: no such folder", out.display())),
+    }
+}
+
 fn run_sweep(args: &SweepArgs) -> Result<(), String> {
+    plot_folder_exists(&args.out)?;
     let policies = policies(&args.policy)?;
     let trace = load(&args.trace)?;
-    let reports = run_all(&trace, &args.trace, &policies, &args.capacity_blocks, true)?;
+    let reports = run_all(
+        &trace,
+        args.threads.threads,
+        &policies,
+        &args.capacity_blocks,
+        true,
+    )?;
     print!("{}", sweep::table(&reports));
     print_ratios(&reports);
     let name = args
@@ -539,9 +572,17 @@ fn run_sweep(args: &SweepArgs) -> Result<(), String> {
 #[cfg(feature = "events")]
 fn run_route(args: &RouteArgs) -> Result<(), String> {
     use kvslice_benches::route::{RouteConfig, Strategy, plot, route, table};
+    plot_folder_exists(&args.out)?;
     policies(std::slice::from_ref(&args.policy))?;
     if args.policy == "belady" {
         return Err("belady is an offline oracle of one store; pick an online policy".into());
+    }
+    // Every worker count's pooled store (its workers' memory as one)
+    // must fit a page pool: found before any run, not after the first.
+    for &workers in &args.workers {
+        kvslice_benches::policy::times(args.capacity_blocks, workers)
+            .and_then(kvslice_benches::policy::check_capacity)
+            .map_err(|e| format!("{workers} workers of {} blocks: {e}", args.capacity_blocks))?;
     }
     let trace = load(&args.trace)?;
     let mut reports = Vec::new();
@@ -567,7 +608,8 @@ fn run_route(args: &RouteArgs) -> Result<(), String> {
             &trace,
             &ReplayConfig {
                 policy: args.policy.clone(),
-                capacity_blocks: args.capacity_blocks * workers as u32,
+                capacity_blocks: kvslice_benches::policy::times(args.capacity_blocks, workers)
+                    .map_err(|e| e.to_string())?,
                 threads: 1,
                 lockstep: false,
                 progress: false,
@@ -591,7 +633,7 @@ fn run_route(args: &RouteArgs) -> Result<(), String> {
     for (workers, ratio) in pooled {
         println!(
             "one store of {} blocks (all {workers} workers' memory, no routing): block hit ratio {ratio:.4}",
-            args.capacity_blocks * workers as u32
+            u64::from(args.capacity_blocks) * workers as u64
         );
     }
     plot(&reports, &args.out).map_err(|e| format!("plotting: {e}"))?;

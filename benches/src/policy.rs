@@ -5,12 +5,53 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use kvslice_core::{EvictPass, EvictionPolicy, PageEvent, PageId};
+use kvslice_core::{EvictPass, EvictionPolicy, PageEvent, PageId, PagePool};
 
 /// Every policy the binary can run. `default` is the store's default.
 pub const POLICIES: [&str; 7] = [
     "default", "lru", "clock", "tinylfu", "chain", "density", "belady",
 ];
+
+/// The online policy `name` for a store of `capacity` blocks, or an
+/// error naming what is wrong: an unknown name, or a capacity no page
+/// pool takes (checked first, since a policy sizes its tables by the
+/// capacity before the pool would refuse it).
+///
+/// ```
+/// use kvslice_benches::policy::online;
+///
+/// assert!(online("lru", 1000).is_ok());
+/// assert!(online("nope", 1000).is_err());
+/// assert!(online("default", u32::MAX).is_err());
+/// ```
+pub fn online(name: &str, capacity: u32) -> kvslice_core::Result<Box<dyn EvictionPolicy>> {
+    check_capacity(capacity)?;
+    kvslice_core::evict::by_name(name, capacity).ok_or(kvslice_core::Error::InvalidValue(
+        "unknown policy (see --help for the list)",
+    ))
+}
+
+/// Whether a page pool takes `capacity` blocks (1 to
+/// [`PagePool::MAX_PAGES`]).
+pub fn check_capacity(capacity: u32) -> kvslice_core::Result<()> {
+    match capacity == 0 || capacity > PagePool::MAX_PAGES {
+        true => Err(kvslice_core::Error::InvalidValue(
+            "capacity must be 1 to 2^30 - 2 blocks (a page pool's limit)",
+        )),
+        false => Ok(()),
+    }
+}
+
+/// `blocks` times `n` (workers or replicas sharing their memory), or an
+/// error where that is past what a capacity can be.
+pub fn times(blocks: u32, n: usize) -> kvslice_core::Result<u32> {
+    u32::try_from(n)
+        .ok()
+        .and_then(|n| blocks.checked_mul(n))
+        .ok_or(kvslice_core::Error::InvalidValue(
+            "capacity times workers or replicas is past 2^32 blocks",
+        ))
+}
 
 /// Belady's MIN: evicts the page whose key is next used farthest in the
 /// future. Offline (it is given the whole schedule), single-threaded, for

@@ -40,7 +40,10 @@ use crate::trace::{TRACE_BLOCK_TOKENS, Trace};
 pub fn same_memory_blocks(f16_blocks: u32, dtype: KvDtype) -> u32 {
     use crate::decode_workload::layout_of;
     let bytes = |d| layout_of(d, kvslice_core::KeyOrder::TokenMajor).page_bytes() as u64;
-    (u64::from(f16_blocks) * bytes(KvDtype::F16) / bytes(dtype)) as u32
+    // Past u32::MAX saturates: no pool takes that many, and the store
+    // then says so instead of running a wrapped capacity.
+    let blocks = u64::from(f16_blocks) * bytes(KvDtype::F16) / bytes(dtype);
+    u32::try_from(blocks).unwrap_or(u32::MAX)
 }
 
 /// What to replay with.
@@ -235,9 +238,7 @@ pub fn replay(trace: &Trace, cfg: &ReplayConfig) -> Result<ReplayReport, Error> 
             started,
         );
     }
-    let policy = kvslice_core::evict::by_name(&cfg.policy, cfg.capacity_blocks).ok_or(
-        Error::InvalidValue("unknown policy (see --help for the list)"),
-    )?;
+    let policy = crate::policy::online(&cfg.policy, cfg.capacity_blocks)?;
     let store = CacheStore::new(layout, cfg.capacity_blocks, policy)?;
     run(trace, cfg, &keys, &store, |_| {}, started)
 }

@@ -195,9 +195,7 @@ pub fn route(
     let keys = keys(trace, layout)?;
     let mut stores = Vec::with_capacity(cfg.workers);
     for _ in 0..cfg.workers {
-        let policy = kvslice_core::evict::by_name(&cfg.policy, cfg.capacity_blocks).ok_or(
-            Error::InvalidValue("unknown policy (see --help for the list)"),
-        )?;
+        let policy = crate::policy::online(&cfg.policy, cfg.capacity_blocks)?;
         stores.push(
             CacheStore::new(layout, cfg.capacity_blocks, policy)?
                 .with_events(EventRing::new(1 << 14, Medium::Gpu)),

@@ -187,13 +187,13 @@ pub fn tier_replay(
     if cfg.capacity_blocks == 0 {
         return Err(Error::InvalidValue("capacity must be at least one block").into());
     }
+    // All replicas' memory, as the pooled setup holds it, must fit a
+    // pool: every setup is then the same memory.
+    crate::policy::times(cfg.capacity_blocks, cfg.replicas)
+        .and_then(crate::policy::check_capacity)?;
     let layout = trace_layout()?;
     let keys = keys(trace, layout)?;
-    let policy = |capacity| {
-        kvslice_core::evict::by_name(&cfg.policy, capacity).ok_or(Error::InvalidValue(
-            "unknown policy (see --help for the list)",
-        ))
-    };
+    let policy = |capacity| crate::policy::online(&cfg.policy, capacity);
     let tier = match setup {
         Setup::Tier => {
             Some(RedisTier::open(layout, cfg.tier.clone()).map_err(TierReplayError::Tier)?)
@@ -202,7 +202,7 @@ pub fn tier_replay(
     };
     let stores = match setup {
         Setup::Pooled => {
-            let capacity = cfg.capacity_blocks * cfg.replicas as u32;
+            let capacity = crate::policy::times(cfg.capacity_blocks, cfg.replicas)?;
             vec![CacheStore::new(layout, capacity, policy(capacity)?)?]
         }
         _ => (0..cfg.replicas)

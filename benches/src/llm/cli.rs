@@ -178,10 +178,11 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
     if turns.is_empty() {
         return Err("the chat file has no messages".into());
     }
-    let (model, _) = args.model.load()?;
+    // Options first: a typo should not cost a model load.
     let engine = engine(&args.model.engine)?;
-    let layout = cache_layout(&model.llama.config, parse_kv_dtype(&args.model.kv_dtype)?)
-        .map_err(|e| e.to_string())?;
+    let dtype = parse_kv_dtype(&args.model.kv_dtype)?;
+    let (model, _) = args.model.load()?;
+    let layout = cache_layout(&model.llama.config, dtype).map_err(|e| e.to_string())?;
     let store = CacheStore::new(
         layout,
         args.capacity_pages,
@@ -295,7 +296,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/data/chat_workload.json"))]
     pub workload: PathBuf,
     /// Use only the first N conversations.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::at_least_one())]
     pub conversations: Option<usize>,
     /// Tokens generated per turn (at most).
     #[arg(long, default_value_t = 32, value_parser = crate::at_least_one())]
@@ -390,10 +391,10 @@ pub fn run_kv_accuracy(args: &KvAccuracyArgs) -> Result<(), String> {
 pub fn run_profile(args: &ProfileArgs) -> Result<(), String> {
     let mut workload = Workload::read(&args.workload).map_err(|e| e.to_string())?;
     if let Some(n) = args.conversations {
-        workload.conversations.truncate(n.max(1));
+        workload.conversations.truncate(n);
     }
-    let (model, _) = args.model.load()?;
     let engine = engine(&args.model.engine)?;
+    let (model, _) = args.model.load()?;
     let mut strategies = default_strategies(model.llama.config.layers);
     if !args.strategies.is_empty() {
         let known: Vec<String> = strategies.iter().map(|s| s.name.clone()).collect();
@@ -469,7 +470,7 @@ pub struct ModelBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "256,1024,4000")]
     pub contexts: Vec<usize>,
     /// Decode steps timed at each context.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = crate::at_least_one())]
     pub steps: usize,
     /// Prompt length of the prefill timing.
     #[arg(long, default_value_t = 1024)]

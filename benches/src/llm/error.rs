@@ -25,6 +25,9 @@ pub enum LlmError {
     },
     /// The file is not a readable GGUF (truncated, not GGUF, bad metadata).
     Format(String),
+    /// A workload file or option the runner cannot use (not the model's
+    /// fault).
+    Input(String),
     /// A GGUF this runner does not handle (architecture, tensor type, shape).
     Unsupported(String),
     /// The GGUF's tokenizer could not be built or could not encode/decode.
@@ -59,6 +62,7 @@ impl fmt::Display for LlmError {
                 path.display()
             ),
             LlmError::Format(m) => write!(f, "not a usable GGUF file: {m}"),
+            LlmError::Input(m) => write!(f, "bad input: {m}"),
             LlmError::Unsupported(m) => write!(f, "unsupported model: {m}"),
             LlmError::Tokenizer(m) => write!(f, "tokenizer: {m}"),
             LlmError::Template(m) => write!(f, "chat template: {m}"),

@@ -36,7 +36,7 @@ impl Workload {
             path: path.to_path_buf(),
             source,
         })?;
-        let bad = |what: &str| LlmError::Format(format!("{}: {what}", path.display()));
+        let bad = |what: &str| LlmError::Input(format!("{}: {what}", path.display()));
         let v: Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
         let system = v["system"]
             .as_str()
@@ -227,7 +227,7 @@ where
     let mut request_pages = 0u32;
     for (si, strategy) in strategies.iter().enumerate() {
         if si > 0 && working_set_pages == 0 {
-            return Err(LlmError::Format(
+            return Err(LlmError::Input(
                 "the first strategy served no request".into(),
             ));
         }
@@ -253,7 +253,7 @@ where
                 .max(request_pages)
         };
         let policy = kvslice_core::evict::by_name(&strategy.policy, capacity)
-            .ok_or_else(|| LlmError::Format(format!("unknown policy {:?}", strategy.policy)))?;
+            .ok_or_else(|| LlmError::Input(format!("unknown policy {:?}", strategy.policy)))?;
         let store = CacheStore::new(layout, capacity, policy)?;
         let runner = Runner::new(&model.llama, engine, layout, *b"kvslice-profile!");
         let bar = if progress {

@@ -1,0 +1,89 @@
+//! The binary refuses impossible sizes and unusable paths with a message
+//! and a failing exit, before any work: no abort on a huge allocation, no
+//! capacity wrapped to a tiny one, no plot that fails after the replays.
+
+use std::process::Command;
+
+const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/conversation_trace.jsonl");
+
+/// Runs `kvslice args`, expects it to fail (1, or 2 for what the
+/// argument parser refuses), and returns its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvslice"))
+        .args(args)
+        .output()
+        .expect("run kvslice");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(matches!(out.status.code(), Some(1 | 2)), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn impossible_capacities_are_errors() {
+    // Past a page pool's limit: refused before a policy sizes its tables.
+    let err = fails(&[
+        "replay",
+        "--trace",
+        TRACE,
+        "--capacity-blocks",
+        "4294967295",
+    ]);
+    assert!(err.contains("2^30 - 2 blocks"), "{err}");
+    // The same memory as int8 would be past 2^32 blocks: not wrapped.
+    let err = fails(&[
+        "replay",
+        "--trace",
+        TRACE,
+        "--capacity-blocks",
+        "2214592514",
+        "--kv-dtype",
+        "int8",
+        "--policy",
+        "lru",
+    ]);
+    assert!(err.contains("2^30 - 2 blocks"), "{err}");
+    // Five workers' memory as one store would wrap a u32.
+    let err = fails(&[
+        "route",
+        "--trace",
+        TRACE,
+        "--workers",
+        "5",
+        "--capacity-blocks",
+        "858993460",
+    ]);
+    assert!(err.contains("5 workers of 858993460 blocks"), "{err}");
+    let err = fails(&[
+        "tier",
+        "--trace",
+        TRACE,
+        "--setups",
+        "pooled",
+        "--replicas",
+        "5",
+        "--capacity-blocks",
+        "858993460",
+    ]);
+    assert!(err.contains("past 2^32 blocks"), "{err}");
+}
+
+#[test]
+fn a_plot_into_a_missing_folder_is_refused_first() {
+    let err = fails(&[
+        "sweep",
+        "--trace",
+        TRACE,
+        "--capacity-blocks",
+        "100",
+        "--out",
+        "/nonexistent-kvslice-folder/x.svg",
+    ]);
+    assert!(err.contains("no such folder"), "{err}");
+    assert!(!err.contains("plotting"), "it replayed first: {err}");
+}
+
+#[test]
+fn options_a_command_does_not_use_are_refused() {
+    let err = fails(&["route", "--trace", TRACE, "--threads", "2"]);
+    assert!(err.contains("--threads"), "{err}");
+}
