@@ -199,7 +199,10 @@ impl ReadBuffer {
         // Acquire: the drainer's reads of the slots we may reuse happened
         // before it moved `head` past them.
         let h = stripe.head.load(Ordering::Acquire);
-        if t.wrapping_sub(h) + n > self.slot_mask + 1
+        // `t` is stale when others recorded and a drainer took their
+        // records since (`h > t`): the wrapped difference saturates, and
+        // the writer drops as it would on losing the exchange.
+        if t.wrapping_sub(h).saturating_add(n) > self.slot_mask + 1
             || stripe
                 .tail
                 .compare_exchange(t, t + n, Ordering::Relaxed, Ordering::Relaxed)
@@ -341,6 +344,17 @@ mod tests {
         }
         assert_eq!(drained(&buf), want);
         assert!(drained(&buf).is_empty());
+    }
+
+    /// A writer whose tail is older than the head (others recorded and a
+    /// drainer took their records between its two loads) drops and
+    /// counts, rather than overflow the free-space sum.
+    #[test]
+    fn a_tail_older_than_the_head_drops() {
+        let buf = ReadBuffer::new(1, 8);
+        buf.stripes[0].head.store(1, Ordering::Relaxed);
+        assert!(!buf.record(hit(1, 0)));
+        assert_eq!(buf.dropped(), 1);
     }
 
     #[test]
