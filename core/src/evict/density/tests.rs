@@ -1,0 +1,170 @@
+//! The density policy's unit tests.
+
+use super::super::test_event;
+use super::*;
+
+/// An event of `request`.
+fn ev(page: u32, block_index: u32, request: u64) -> PageEvent {
+    PageEvent {
+        request,
+        ..test_event(page, block_index)
+    }
+}
+
+#[test]
+fn ghost_entries_round_trip_and_wrap() {
+    let fp = 0x1234_5678_9abc_def1;
+    let g = Ghost::new(fp, 1000, 3);
+    assert_eq!(g.of(fp, 1250), Some((250, 3)));
+    assert_eq!(g.of(fp ^ (1 << 40), 1250), None, "another key");
+    assert_eq!(Ghost::default().of(0, 5), None, "empty");
+    assert_eq!(g.of(fp, 990), Some((0, 3)), "stamped after now");
+    assert_eq!(Ghost::new(fp, 9, 200).of(fp, 9), Some((0, 15)));
+    // Across the clock's wrap.
+    let late = GHOST_TIME_MASK - 5;
+    assert_eq!(Ghost::new(fp, late, 1).of(fp, late + 10), Some((10, 1)));
+    // The tag does not depend on the bits that chose the slot.
+    let tags: alloc::collections::BTreeSet<u64> =
+        (0..64u64).map(|i| Ghost::tag(fp ^ (i << 40))).collect();
+    assert_eq!(tags.len(), 64);
+}
+
+#[test]
+fn bins_are_quarter_octaves() {
+    // Every bin boundary up to octave 12 (octave 9 under Miri, whose
+    // libm calls are slow), then the cap.
+    let below = if cfg!(miri) { 600 } else { 5000 };
+    for age in (0..below).chain([1 << 19, (1 << 20) - 2, 1 << 20, u64::MAX]) {
+        let want = (libm::log2(age as f64 + 1.0) * PER_OCTAVE as f64) as usize;
+        assert_eq!(bin(age), want.min(BINS - 1), "age {age}");
+    }
+}
+
+/// Before anything is learned it evicts the oldest leaf.
+#[test]
+fn unlearned_it_evicts_the_oldest() {
+    let p = DensityPolicy::new(8);
+    // One request per page: each is a root (block index 0).
+    (0..8).for_each(|i| p.on_insert(ev(i, 0, u64::from(i) + 1)));
+    p.on_access(ev(2, 0, 9));
+    let order: Vec<u32> = core::iter::from_fn(|| p.evict_one(&mut |_, _| true))
+        .map(|id| id.0)
+        .collect();
+    assert_eq!(order, [0, 1, 3, 4, 5, 6, 7, 2]);
+}
+
+/// A request that hits below the root continues a conversation: its
+/// pages, old and new, take one more turn.
+#[test]
+fn returning_conversations_gain_turns() {
+    let p = DensityPolicy::new(8);
+    p.on_insert(ev(0, 0, 1));
+    p.on_became_parent(ev(0, 0, 1));
+    p.on_insert_child(ev(1, 1, 1), PageId(0), true);
+    p.on_request_end(1);
+    // Second turn: hits 0 and 1, adds 2; a third request (a new
+    // conversation off the same root) interleaves with it.
+    p.on_access(ev(0, 0, 2));
+    p.on_access(ev(0, 0, 3));
+    p.on_access(ev(1, 1, 2));
+    p.on_became_parent(ev(1, 1, 2));
+    p.on_insert_child(ev(3, 1, 3), PageId(0), false);
+    p.on_insert_child(ev(2, 2, 2), PageId(1), true);
+    p.on_request_end(3);
+    p.on_request_end(2);
+    let s = p.state.lock();
+    let turns = |i: usize| s.pages[i].turns;
+    assert_eq!((turns(1), turns(2), turns(3)), (2, 2, 1));
+}
+
+/// Refused pages are skipped; with every leaf refused it gives up, and
+/// parents are offered only once they are leaves again.
+#[test]
+fn refusals_and_parents() {
+    let p = DensityPolicy::new(200);
+    for i in 0..100 {
+        p.on_insert(ev(i, 0, 0));
+    }
+    p.on_became_parent(ev(7, 0, 0));
+    let mut offered = Vec::new();
+    assert_eq!(
+        p.evict_one(&mut |id, _| {
+            offered.push(id.0);
+            false
+        }),
+        None
+    );
+    assert!(!offered.contains(&7));
+    for i in 0..100 {
+        assert!(offered.contains(&i) || i == 7, "page {i} never offered");
+    }
+    assert_eq!(p.evict_one(&mut |id, _| id.0 == 42), Some(PageId(42)));
+    p.on_became_leaf(ev(7, 0, 0));
+    assert_eq!(p.evict_one(&mut |id, _| id.0 == 7), Some(PageId(7)));
+}
+
+/// A page put back after a cancelled eviction keeps its age and class
+/// and does not start a request.
+#[test]
+fn restored_pages_keep_their_state() {
+    let p = DensityPolicy::new(8);
+    p.on_insert(ev(0, 0, 1));
+    p.on_became_parent(ev(0, 0, 1));
+    p.on_insert_child(ev(1, 1, 1), PageId(0), true);
+    p.on_access(ev(0, 0, 2)); // a second request
+    let before = {
+        let s = p.state.lock();
+        (s.clock, s.pages[1].last, s.pages[1].turns)
+    };
+    assert_eq!(p.evict_one(&mut |_, _| true), Some(PageId(1)));
+    p.on_restore(ev(1, 1, 0));
+    let s = p.state.lock();
+    assert_eq!((s.clock, s.pages[1].last, s.pages[1].turns), before);
+    assert!(s.pages[1].live && s.pages[1].leaf_at != UNLISTED);
+}
+
+/// Learned from the ghost: a class whose keys come back after ~100
+/// requests is kept at age 50 over a class whose keys never come back.
+#[test]
+fn classes_that_return_are_denser() {
+    let p = DensityPolicy::new(8);
+    let mut s = p.state.lock();
+    s.returns[1][bin(100)] = 500.0;
+    s.uses[1] = 1000.0;
+    s.uses[0] = 1000.0;
+    s.update_density();
+    let density = |c: usize| f32::from_bits(s.density[c][bin(50)]);
+    assert!(density(1) > density(0));
+    assert!(density(1) > 0.0);
+    assert_eq!(density(0), 0.0);
+}
+
+/// A page that a request hit or inserted, then evicted and refilled
+/// under another key before that request ended, does not take the
+/// request's turns at its end: they belong to the key it held.
+#[test]
+fn a_refilled_page_keeps_its_new_keys_turns() {
+    let p = DensityPolicy::new(8);
+    p.on_insert(ev(1, 0, 1));
+    p.on_became_parent(ev(1, 0, 1));
+    p.on_insert_child(ev(2, 1, 1), PageId(1), true);
+    p.on_request_end(1);
+    // The second turn inserts page 3 with two turns, and is still open
+    // when page 3 is evicted and refilled by a new conversation.
+    p.on_access(ev(1, 0, 2));
+    p.on_access(ev(2, 1, 2));
+    p.on_became_parent(ev(2, 1, 2));
+    p.on_insert_child(ev(3, 2, 2), PageId(2), true);
+    assert_eq!(p.state.lock().pages[3].turns, 2);
+    assert_eq!(p.evict_one(&mut |id, _| id.0 == 3), Some(PageId(3)));
+    p.on_insert(PageEvent {
+        fingerprint: 0xdead_beef,
+        ..ev(3, 0, 4)
+    });
+    p.on_request_end(2);
+    let s = p.state.lock();
+    assert_eq!(
+        s.pages[3].turns, 1,
+        "the new key took the old request's turns"
+    );
+}
