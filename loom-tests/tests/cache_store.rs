@@ -390,3 +390,51 @@ fn a_parent_whose_children_go_at_once_becomes_evictable() {
         );
     });
 }
+
+/// A publish of a key whose cached page another thread is evicting, in an
+/// allocation that then fails and puts the page back: the publisher must
+/// not replace the entry of a page whose eviction may yet be undone, or
+/// the restored page is cached under a key that no longer reaches it
+/// (two buffers for one key, one lost to lookups). At the end every cached
+/// page is the map's entry for key 0, and there is at most one.
+#[test]
+fn a_publish_races_an_eviction_that_is_undone() {
+    model_with_preemptions(Some(2), || {
+        let store = store(2);
+        publish_one(&store);
+        let page = {
+            let local = store.map().collector().register();
+            store.allocate(1, &local.pin()).unwrap().pop().unwrap()
+        };
+        let allocator = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                // Two pages: the cached one and none other to take, so
+                // this evicts it, runs out and undoes the eviction (or
+                // finds the publisher's duplicate freed and succeeds).
+                drop(store.allocate(2, &local.pin()));
+            })
+        };
+        let local = store.map().collector().register();
+        let guard = local.pin();
+        let req = store.begin_request();
+        drop(store.publish(&req, page, key(0), None, 1, &guard).unwrap());
+        store.end_request(req).unwrap();
+        allocator.join().unwrap();
+        let mapped = store.map().get(&key(0), &guard).unwrap();
+        let cached: Vec<PageId> = (0..2)
+            .map(PageId)
+            .filter(|&id| store.pool().page_info(id).unwrap().life == Life::Cached)
+            .collect();
+        assert!(
+            cached.len() <= 1,
+            "two cached pages for one key: {cached:?}"
+        );
+        assert_eq!(
+            cached.first().copied(),
+            mapped.map(|h| h.id()),
+            "a cached page the map does not reach"
+        );
+    });
+}

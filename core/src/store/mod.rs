@@ -632,8 +632,15 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                         self.discard(ours);
                         return Ok(theirs);
                     }
-                    // Theirs is being evicted (or just was): clear its stale
-                    // entry, if still there, and try again.
+                    // Theirs is being evicted, and the eviction may yet be
+                    // undone (an allocation that runs short puts its
+                    // victims back): its entry must stay until it is
+                    // decided, or the restored page would be cached under
+                    // a key that reaches ours. Committing removes the
+                    // entry; undoing makes the acquire succeed.
+                    Err(Error::PageBusy { .. }) => crate::sync::spin_hint(),
+                    // Theirs was evicted: clear its stale entry, if still
+                    // there, and try again.
                     Err(_) => {
                         if self.map.remove_if(&key, existing, guard)? {
                             self.emit(|| crate::events::KvEvent::Removed { key });
