@@ -475,6 +475,10 @@ impl AttentionEngine<DevicePages> for WgpuEngine {
         if shape.tokens == 0 {
             return Ok(());
         }
+        // The append kernel takes positions as u32.
+        if w.start + shape.tokens > u32::MAX as usize {
+            return Err(Error::Overflow("a position past 2^32 - 1 on the device"));
+        }
         let dests = append_dests(
             w.block_table,
             w.start..w.start + shape.tokens,

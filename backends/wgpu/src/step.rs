@@ -162,6 +162,23 @@ impl DeviceStep {
     }
 }
 
+/// A page that `s`'s new tokens are appended to and that its table also
+/// holds at another position, if any: the append would overwrite that
+/// block's K/V (what the host's `KvWrite::validate` refuses).
+fn held_twice(s: &SeqAttention<'_>, bt: u32) -> Option<u32> {
+    let bt = bt as usize;
+    // `q_len` is at least 1 (validated).
+    let written = (s.kv_len - s.q_len) / bt..(s.kv_len - 1) / bt + 1;
+    written.into_iter().find_map(|b| {
+        let page = s.block_table[b];
+        s.block_table
+            .iter()
+            .enumerate()
+            .any(|(i, &p)| p == page && i != b)
+            .then_some(page.0)
+    })
+}
+
 /// The `(page, position)` words of positions `positions` of a sequence
 /// whose pages are `table` (`bt` tokens each): where the append kernel puts
 /// each token.
@@ -270,6 +287,12 @@ impl WgpuEngine {
             let per_lane = (64 * g / hd).max(1);
             max_rows = max_rows.min(1 << per_lane.ilog2());
         }
+        // The shaders count positions in u32.
+        if batch.seqs.iter().any(|s| s.kv_len > u32::MAX as usize) {
+            return Err(Error::Overflow(
+                "a context past 2^32 - 1 tokens on the device",
+            ));
+        }
         let rows = tile_rows(
             batch.seqs.iter().map(|s| s.q_len).max().unwrap_or(1) as u32 * gqa,
             max_rows,
@@ -299,7 +322,8 @@ impl WgpuEngine {
         let clashing_page = dests
             .chunks_exact(2)
             .find(|d| !seen.insert((d[0], d[1] % bt)))
-            .map(|d| d[0]);
+            .map(|d| d[0])
+            .or_else(|| batch.seqs.iter().find_map(|s| held_twice(s, bt)));
         let gpu = &*self.gpu;
         let partial_bytes = cut.work.len() as u64 * u64::from(rows) * u64::from(hd + 2) * 4;
         gpu.scoped(|| -> Result<()> {

@@ -568,6 +568,19 @@ fn bad_regions_and_steps_are_typed_errors_before_recording() {
         .record_append(&mut enc, &mut pages, &mut step, &kv)
         .unwrap_err();
     assert!(matches!(err, Error::DuplicatePage { page: 1 }), "{err}");
+    // A token appended to a page that its table holds at another block
+    // too would overwrite that block (the host's write refuses it).
+    let twice = [PageId(1), PageId(1)];
+    let held_twice = [SeqAttention {
+        block_table: &twice,
+        kv_len: 6,
+        q_len: 1,
+    }];
+    e.plan(&mut step, &pages, 0, &held_twice, None).unwrap();
+    let err = e
+        .record_append(&mut enc, &mut pages, &mut step, &kv)
+        .unwrap_err();
+    assert!(matches!(err, Error::DuplicatePage { page: 1 }), "{err}");
 
     // A buffer and a step of another device.
     let Some(e2) = engine("bad_regions (second device)") else {
@@ -635,4 +648,38 @@ fn a_device_lost_mid_step_is_reported() {
     assert!(is_device(&err, DeviceFailure::Lost), "{err}");
     let err = e.plan(&mut step, &pages, 0, &seqs, None).unwrap_err();
     assert!(is_device(&err, DeviceFailure::Lost), "{err}");
+}
+
+/// Positions past u32 (the shaders' integers) are refused on the device
+/// rather than cut: a write the host stores at slot 1 of its block would
+/// land at slot 0, and a plan would name page `u32::MAX`.
+#[test]
+fn positions_past_u32_are_refused() {
+    let Some(e) = engine("positions_past_u32_are_refused") else {
+        return;
+    };
+    let bt = 65_535u32;
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, bt, KvDtype::F32)).unwrap();
+    let mut pages = e.pages(layout, 1).unwrap();
+    let start = 1usize << 32;
+    let mut table = vec![PageId::PLACEHOLDER; start / bt as usize + 1];
+    *table.last_mut().unwrap() = PageId(0);
+    let w = KvWrite {
+        layer: 0,
+        shard: 0,
+        block_table: &table,
+        start,
+        k: &[1.0],
+        v: &[2.0],
+    };
+    let err = e.write_kv(&mut pages, &w).unwrap_err();
+    assert!(matches!(err, Error::Overflow(_)), "{err}");
+    let seqs = [SeqAttention {
+        block_table: &table,
+        kv_len: start + 1,
+        q_len: 1,
+    }];
+    let mut step = e.step();
+    let err = e.plan(&mut step, &pages, 0, &seqs, Some(1)).unwrap_err();
+    assert!(matches!(err, Error::Overflow(_)), "{err}");
 }

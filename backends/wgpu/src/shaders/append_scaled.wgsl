@@ -68,7 +68,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         put_word(sw.x, sw.y, 0u);
         return;
     }
-    let inv = MAX_CODE / a;
+    // Division is bounded to 2.5 ULP only for divisors up to 2^126; rows
+    // up to 2^127 are valid, so those divide a quarter by a quarter (the
+    // same quotient, exactly scaled).
+    let inv = select(MAX_CODE / a, (MAX_CODE * 0.25) / (a * 0.25), a > 0x1p126f);
     for (var d = 0u; d < HD; d++) {
         put_byte(at.x, at.y + d, code(input(is_v, first + d) * inv));
     }
