@@ -186,10 +186,7 @@ where
     /// with the generated tokens, so the dropped positions stay the same).
     fn request<'s>(&self, seq: &'s [u32], generated: usize) -> Request<'s> {
         match self.budget {
-            Some(b) => Request::new(seq).with_budget(TokenBudget {
-                max_tokens: b.max_tokens + generated,
-                ..b
-            }),
+            Some(b) => Request::new(seq).with_budget(grown(b, generated)),
             None => Request::new(seq),
         }
     }
@@ -507,5 +504,38 @@ where
             .squeeze(0)?
             .to_dtype(candle_core::DType::F32)?
             .to_vec1()?)
+    }
+}
+
+/// `b` grown by `generated` tokens, so that a prompt followed by its
+/// generated tokens is cut where the prompt alone was. Saturates: a budget
+/// near `usize::MAX` cuts nothing either way.
+fn grown(b: TokenBudget, generated: usize) -> TokenBudget {
+    TokenBudget {
+        max_tokens: b.max_tokens.saturating_add(generated),
+        ..b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvslice_core::coordinator::Truncation;
+
+    /// A budget of `usize::MAX` grown by the generated tokens still cuts
+    /// nothing (it used to overflow: a panic with overflow checks, and in
+    /// release a wrapped budget that cut the prompt plus its tokens).
+    #[test]
+    fn a_huge_budget_grows_without_overflow() {
+        let b = TokenBudget {
+            max_tokens: usize::MAX,
+            truncation: Truncation::KeepLast,
+        };
+        assert_eq!(grown(b, 3).dropped(10).unwrap(), None);
+        let small = TokenBudget {
+            max_tokens: 4,
+            truncation: Truncation::KeepLast,
+        };
+        assert_eq!(grown(small, 2).dropped(8).unwrap(), Some(0..2));
     }
 }
