@@ -302,6 +302,52 @@ fn agree_with_oracle_windowed(
     }
 }
 
+/// Heads of 72 elements (a multiple of 8, not of 16: every kernel's
+/// tail) with groups of 7 and 16 query heads per kv head, over a
+/// thousand tokens cut into one-page chunks, agree with the f64 oracle.
+#[test]
+fn wide_groups_and_odd_head_widths_agree() {
+    use kvslice_core::testkit::{all_close, tolerance};
+    let required = std::env::var("KVSLICE_REQUIRE_KERNELS").ok();
+    let wanted = |k: &Kernels| required.as_deref().is_none_or(|r| r == k.name);
+    let mut rng = Rng::new(41);
+    for k in Kernels::supported().into_iter().filter(wanted) {
+        let engines = [
+            CpuEngine::new().with_kernels(k),
+            CpuEngine::new().with_kernels(k).with_chunk_pages(1),
+        ];
+        for ratio in [7u32, 16] {
+            for (dtype, order) in [
+                (KvDtype::F16, KeyOrder::DimMajor),
+                (KvDtype::F32, KeyOrder::TokenMajor),
+                (KvDtype::I8, KeyOrder::DimMajor),
+            ] {
+                let spec = LayoutSpec::new(1, 2 * ratio, 2, 72, 16, dtype).with_key_order(order);
+                let layout = KvLayout::new(spec).unwrap();
+                let sc = Scenario::random(layout, &[(1000, 1), (333, 3)], &mut rng).unwrap();
+                let q = sc.random_queries(0, &mut rng).unwrap();
+                let table = sc.seq_attention(0, 0).unwrap();
+                let batch = AttentionBatch::new(0, 0, &table, &q, 0.11);
+                let want = sc.naive_f64(0, 0, &q, 0.11).unwrap();
+                let (atol, rtol) = tolerance(dtype);
+                for engine in &engines {
+                    let mut out = vec![f32::NAN; q.len()];
+                    engine.attend(&sc.pages, &batch, &mut out).unwrap();
+                    let case = format!("{} GQA {ratio} {dtype:?} {order:?}: {engine:?}", k.name);
+                    // f32 pages: to the scale of the output, as elsewhere
+                    // (an element near zero has no relative precision).
+                    if dtype == KvDtype::F32 {
+                        let err = max_rel_err(&out, &want);
+                        assert!(err <= 1e-5, "{case}: {err:e}");
+                    } else {
+                        assert!(all_close(&out, &want, atol, rtol), "{case}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn split_k_and_thread_counts_agree() {
     // One page per chunk forces many partials to be merged; one thread and
