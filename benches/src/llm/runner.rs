@@ -243,121 +243,127 @@ where
         let first_cached = reuse.first_cached_layer(layers);
         let guard = store.pin();
         let request = store.begin_request();
-        let plan = self.coord.plan(&self.request(original, 0))?;
-        debug_assert_eq!(plan.dropped(), dropped);
-        // The last prompt token is always computed: its logits pick the
-        // first generated token.
-        let cacheable = (prompt.len() - 1) / bt;
-        let keys: Vec<Vec<SliceKey>> = (0..layers)
-            .map(|l| Ok(plan.keys_for(l, 0)?.take(cacheable).collect()))
-            .collect::<Result<_>>()?;
+        // Whatever happens, the request ends: the policy then learns its
+        // turn now, not when its slot is next reused.
+        let served = (|| -> Result<Generation> {
+            let plan = self.coord.plan(&self.request(original, 0))?;
+            debug_assert_eq!(plan.dropped(), dropped);
+            // The last prompt token is always computed: its logits pick the
+            // first generated token.
+            let cacheable = (prompt.len() - 1) / bt;
+            let keys: Vec<Vec<SliceKey>> = (0..layers)
+                .map(|l| Ok(plan.keys_for(l, 0)?.take(cacheable).collect()))
+                .collect::<Result<_>>()?;
 
-        // Look up the cached groups; the usable prefix is the shortest hit.
-        let mut held: Vec<Vec<PageRef<'_, 'static>>> = (0..layers).map(|_| Vec::new()).collect();
-        let mut hits = if first_cached < layers { cacheable } else { 0 };
-        for l in first_cached..layers {
-            if hits == 0 {
-                break;
-            }
-            let found = store.lookup_prefix(
-                &request,
-                &keys[l as usize][..hits],
-                hits * bt,
-                &guard,
-                &mut held[l as usize],
-            )?;
-            hits = hits.min(found);
-        }
-        held.iter_mut().for_each(|h| h.truncate(hits));
-        let start = hits * bt;
-
-        // Fresh pages for everything else, all or nothing.
-        let blocks = total.div_ceil(bt);
-        let need: Vec<usize> = (0..layers)
-            .map(|l| blocks - if l >= first_cached { hits } else { 0 })
-            .collect();
-        let mut fresh_all = store
-            .allocate(need.iter().sum::<usize>() as u32, &guard)?
-            .into_iter();
-        let mut fresh: Vec<Vec<PageMut<'_, 'static>>> = need
-            .iter()
-            .map(|&n| fresh_all.by_ref().take(n).collect())
-            .collect();
-        let tables: Vec<Vec<PageId>> = (0..layers as usize)
-            .map(|l| {
-                held[l]
-                    .iter()
-                    .map(|r| r.handle().id())
-                    .chain(fresh[l].iter().map(|p| p.handle().id()))
-                    .collect()
-            })
-            .collect();
-        // The first position each layer computes: every prompt token below
-        // the cached layers, the uncached suffix in them.
-        let starts: Vec<usize> = (0..layers)
-            .map(|l| if l >= first_cached { start } else { 0 })
-            .collect();
-
-        let mut out = Generation {
-            prompt_tokens: prompt.len(),
-            dropped: dropped.clone(),
-            reused_tokens: start,
-            ..Generation::default()
-        };
-        {
-            let mut view = PageView::new(store.pool());
-            held.iter().flatten().for_each(|r| view.add_ref(r));
-            fresh.iter_mut().flatten().for_each(|p| view.add_mut(p));
-            let first = starts[0];
-            let logits = self.forward(&mut view, &tables, &prompt[first..], first, &starts)?;
-            out.pages_in_use = store.pool().capacity() - store.pool().free_pages();
-            let mut next = argmax(&logits);
-            out.first_logits = logits;
-            out.ttft = started.elapsed();
-            let mut pos = prompt.len();
-            loop {
-                out.tokens.push(next);
-                on_token(next);
-                if out.tokens.len() == max_new || stop.contains(&next) {
+            // Look up the cached groups; the usable prefix is the shortest hit.
+            let mut held: Vec<Vec<PageRef<'_, 'static>>> =
+                (0..layers).map(|_| Vec::new()).collect();
+            let mut hits = if first_cached < layers { cacheable } else { 0 };
+            for l in first_cached..layers {
+                if hits == 0 {
                     break;
                 }
-                let t0 = Instant::now();
-                let logits = self.forward(&mut view, &tables, &[next], pos, &[])?;
-                out.steps.push(t0.elapsed());
-                next = argmax(&logits);
-                pos += 1;
+                let found = store.lookup_prefix(
+                    &request,
+                    &keys[l as usize][..hits],
+                    hits * bt,
+                    &guard,
+                    &mut held[l as usize],
+                )?;
+                hits = hits.min(found);
             }
-        }
+            held.iter_mut().for_each(|h| h.truncate(hits));
+            let start = hits * bt;
 
-        // Publish the full blocks whose K/V were computed: the prompt and
-        // every generated token but the last, which was never fed back.
-        if first_cached < layers {
-            let generated = &out.tokens[..out.tokens.len() - 1];
-            let mut seq = original.to_vec();
-            seq.extend_from_slice(generated);
-            let done = self.coord.plan(&self.request(&seq, generated.len()))?;
-            let full = done.full_blocks();
-            for l in first_cached..layers {
-                let li = l as usize;
-                let pages = std::mem::take(&mut fresh[li]);
-                let keys = done.keys_for(l, 0)?.skip(hits);
-                let mut parent = held[li].pop();
-                for ((b, page), key) in (hits..full).zip(pages).zip(keys) {
-                    debug_assert_eq!(key.block_index as usize, b);
-                    let r = store.publish(
-                        &request,
-                        page,
-                        key,
-                        parent.as_ref(),
-                        BLOCK_TOKENS,
-                        &guard,
-                    )?;
-                    parent = Some(r);
+            // Fresh pages for everything else, all or nothing.
+            let blocks = total.div_ceil(bt);
+            let need: Vec<usize> = (0..layers)
+                .map(|l| blocks - if l >= first_cached { hits } else { 0 })
+                .collect();
+            let mut fresh_all = store
+                .allocate(need.iter().sum::<usize>() as u32, &guard)?
+                .into_iter();
+            let mut fresh: Vec<Vec<PageMut<'_, 'static>>> = need
+                .iter()
+                .map(|&n| fresh_all.by_ref().take(n).collect())
+                .collect();
+            let tables: Vec<Vec<PageId>> = (0..layers as usize)
+                .map(|l| {
+                    held[l]
+                        .iter()
+                        .map(|r| r.handle().id())
+                        .chain(fresh[l].iter().map(|p| p.handle().id()))
+                        .collect()
+                })
+                .collect();
+            // The first position each layer computes: every prompt token below
+            // the cached layers, the uncached suffix in them.
+            let starts: Vec<usize> = (0..layers)
+                .map(|l| if l >= first_cached { start } else { 0 })
+                .collect();
+
+            let mut out = Generation {
+                prompt_tokens: prompt.len(),
+                dropped: dropped.clone(),
+                reused_tokens: start,
+                ..Generation::default()
+            };
+            {
+                let mut view = PageView::new(store.pool());
+                held.iter().flatten().for_each(|r| view.add_ref(r));
+                fresh.iter_mut().flatten().for_each(|p| view.add_mut(p));
+                let first = starts[0];
+                let logits = self.forward(&mut view, &tables, &prompt[first..], first, &starts)?;
+                out.pages_in_use = store.pool().capacity() - store.pool().free_pages();
+                let mut next = argmax(&logits);
+                out.first_logits = logits;
+                out.ttft = started.elapsed();
+                let mut pos = prompt.len();
+                loop {
+                    out.tokens.push(next);
+                    on_token(next);
+                    if out.tokens.len() == max_new || stop.contains(&next) {
+                        break;
+                    }
+                    let t0 = Instant::now();
+                    let logits = self.forward(&mut view, &tables, &[next], pos, &[])?;
+                    out.steps.push(t0.elapsed());
+                    next = argmax(&logits);
+                    pos += 1;
                 }
             }
-        }
+
+            // Publish the full blocks whose K/V were computed: the prompt and
+            // every generated token but the last, which was never fed back.
+            if first_cached < layers {
+                let generated = &out.tokens[..out.tokens.len() - 1];
+                let mut seq = original.to_vec();
+                seq.extend_from_slice(generated);
+                let done = self.coord.plan(&self.request(&seq, generated.len()))?;
+                let full = done.full_blocks();
+                for l in first_cached..layers {
+                    let li = l as usize;
+                    let pages = std::mem::take(&mut fresh[li]);
+                    let keys = done.keys_for(l, 0)?.skip(hits);
+                    let mut parent = held[li].pop();
+                    for ((b, page), key) in (hits..full).zip(pages).zip(keys) {
+                        debug_assert_eq!(key.block_index as usize, b);
+                        let r = store.publish(
+                            &request,
+                            page,
+                            key,
+                            parent.as_ref(),
+                            BLOCK_TOKENS,
+                            &guard,
+                        )?;
+                        parent = Some(r);
+                    }
+                }
+            }
+            Ok(out)
+        })();
         store.end_request(request)?;
-        Ok(out)
+        served
     }
 
     /// Scores `tokens` teacher-forced from position `from` on: the tokens
