@@ -331,7 +331,7 @@ pub struct KvAccuracyArgs {
     #[arg(long, default_value_t = 48, value_parser = crate::at_least_one())]
     pub max_new: usize,
     /// A text file whose log-likelihood is scored (default: a built-in
-    /// passage of about 220 tokens).
+    /// passage of 192 tokens).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// Also score int8 pages with the queries rounded to int8, as

@@ -18,7 +18,7 @@ use super::error::Result;
 use super::profile::Workload;
 use super::runner::{BLOCK_TOKENS, Reuse, Runner, cache_layout};
 
-/// A fixed English passage, about 220 tokens, whose log-likelihood every
+/// A fixed English passage, 192 tokens, whose log-likelihood every
 /// dtype is scored on.
 pub const PASSAGE: &str = "The lighthouse stood at the end of a narrow spit of rock, and \
 for most of the year the keeper saw no one but the man who brought supplies by boat on the \
