@@ -174,3 +174,28 @@ fn two_threads_never_leave_a_block_the_store_lacks() {
         assert_eq!(held[k], *v, "parent and tokens of {k:?}");
     }
 }
+
+/// A page mid-eviction is in a snapshot while its key's entry names it:
+/// an eviction that is then undone reports nothing, so a snapshot that
+/// skipped the page would lose its block for good.
+#[test]
+fn a_snapshot_keeps_a_page_whose_eviction_is_undone() {
+    let store = CacheStore::new(layout(), 4, LruPolicy::new(4)).unwrap();
+    let guard = store.pin();
+    let req = store.begin_request();
+    let page = store.allocate(1, &guard).unwrap().pop().unwrap();
+    let k = key(1, 0, 0);
+    let handle = store
+        .publish(&req, page, k, None, 4, &guard)
+        .unwrap()
+        .handle();
+    store.end_request(req).unwrap();
+    let evicting = store.pool().try_begin_evict(handle).unwrap();
+    let mut seen = Vec::new();
+    store.snapshot(&mut |e| seen.push(e));
+    evicting.cancel();
+    assert!(
+        matches!(seen[..], [KvEvent::Stored { key, .. }] if key == k),
+        "{seen:?}"
+    );
+}

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::events::{EventRing, KvEvent};
 use crate::evict::EvictionPolicy;
 use crate::page::PageId;
-use crate::pool::Life;
+use crate::pool::{Life, PageHandle};
 
 impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// The store, reporting every block it publishes and evicts into
@@ -74,17 +74,29 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// a consumer that lost events needs, after a [`KvEvent::Cleared`], to
     /// know the store again. Pages published or evicted meanwhile may or
     /// may not be in it; their own events follow in the ring.
+    ///
+    /// A page is in it while the map's entry for its key names it: a page
+    /// mid-eviction too (the eviction may be undone, and if not, its
+    /// `Removed` follows, since removals are reported after the entry
+    /// goes), and never a key read while the page was refilled.
     pub fn snapshot(&self, f: &mut dyn FnMut(KvEvent)) {
+        let local = self.map.collector().register();
+        let guard = local.pin();
         for i in 0..self.pool.capacity() {
             let Ok(info) = self.pool.page_info(PageId(i)) else {
                 continue;
             };
-            if info.life != Life::Cached {
+            if !matches!(info.life, Life::Cached | Life::Evicting) {
                 continue;
             }
             let meta = self.meta(PageId(i));
+            let key = meta.key();
+            let page = PageHandle::from_parts(i, info.generation);
+            if !matches!(self.map.get(&key, &guard), Ok(Some(h)) if h == page) {
+                continue;
+            }
             f(KvEvent::Stored {
-                key: meta.key(),
+                key,
                 parent: meta.parent().map(|p| self.meta(p.id()).key().block),
                 tokens: meta.valid_tokens(),
             });
