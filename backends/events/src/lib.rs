@@ -34,7 +34,7 @@ pub mod wire;
 pub mod fuzzing;
 
 #[cfg(feature = "zmq")]
-pub use publisher::{Publisher, PublisherConfig};
+pub use publisher::{MAX_REPLAY_REQUESTS, Publisher, PublisherConfig};
 #[cfg(feature = "zmq")]
 pub use sequence::RESTART_RUN;
 #[cfg(feature = "zmq")]

@@ -45,6 +45,9 @@ impl Default for PublisherConfig {
     }
 }
 
+/// Replay requests one [`Publisher::serve_replay`] call answers at most.
+pub const MAX_REPLAY_REQUESTS: usize = 16;
+
 /// Publishes a store's events: drain its ring with [`pump`](Self::pump),
 /// answer replay requests with [`serve_replay`](Self::serve_replay), from
 /// one thread (ZeroMQ sockets are not shared between threads).
@@ -99,9 +102,14 @@ impl Publisher {
             Some(ep) => {
                 let s = ctx.socket(zmq::ROUTER)?;
                 s.set_linger(0)?;
-                // A ROUTER drops what exceeds its high-water mark silently;
-                // a reply is at most the kept batches, so queue it whole.
-                s.set_sndhwm(0)?;
+                // Room for one whole reply per peer (the kept batches and
+                // the end marker), and no more: a peer that asks and never
+                // reads holds one reply's memory, not one per request.
+                // Mandatory routing makes a full pipe an EAGAIN to act on
+                // instead of a silent drop.
+                let reply = config.replay_batches.saturating_add(1);
+                s.set_sndhwm(i32::try_from(reply).unwrap_or(i32::MAX))?;
+                s.set_router_mandatory(true)?;
                 s.bind(ep)?;
                 Some(s)
             }
@@ -226,16 +234,21 @@ impl Publisher {
         }
     }
 
-    /// Answers replay requests for up to `timeout_ms` (0: only those
-    /// waiting now); returns how many were answered. A request that is not
-    /// one 8-byte frame after the peer's identity gets the end marker only.
+    /// Answers replay requests: waits up to `timeout_ms` for the first (0:
+    /// only those waiting now), then answers those already queued, at most
+    /// [`MAX_REPLAY_REQUESTS`] in one call, so a peer that floods requests
+    /// cannot hold the caller; returns how many were answered. A request
+    /// that is not one 8-byte frame after the peer's identity gets the end
+    /// marker only. A peer whose pipe is full (it asked before and has not
+    /// read) or that is gone gets the rest of that reply dropped; a
+    /// [`Subscriber`](crate::Subscriber) then times out and asks again.
     pub fn serve_replay(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
         let Some(replay) = &self.replay else {
             return Ok(0);
         };
         let mut answered = 0;
         let mut wait = timeout_ms;
-        while replay.poll(zmq::POLLIN, wait)? > 0 {
+        while answered < MAX_REPLAY_REQUESTS && replay.poll(zmq::POLLIN, wait)? > 0 {
             wait = 0;
             let frames = replay.recv_multipart(0)?;
             let Some((identity, rest)) = frames.split_first() else {
@@ -250,21 +263,32 @@ impl Publisher {
                 Some(Ok(b)) => Some(u64::from_be_bytes(b)),
                 _ => None,
             };
-            if let Some(start) = start {
-                for (seq, payload) in self.kept.iter().filter(|(s, _)| *s >= start) {
-                    let mut msg = envelope.clone();
-                    let seq = seq.to_be_bytes();
-                    msg.push(&seq);
-                    msg.push(payload);
-                    replay.send_multipart(msg, 0)?;
+            answered += 1;
+            // Sends `[seq, payload]` after the envelope; false when the rest
+            // of this reply is to be dropped (the peer's pipe is full, or
+            // the peer is gone).
+            let send = |seq: &[u8], payload: &[u8]| -> Result<bool, zmq::Error> {
+                let mut msg = envelope.clone();
+                msg.extend([seq, payload]);
+                match replay.send_multipart(msg, zmq::DONTWAIT) {
+                    Ok(()) => Ok(true),
+                    Err(zmq::Error::EAGAIN | zmq::Error::EHOSTUNREACH) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            };
+            let batches = start
+                .into_iter()
+                .flat_map(|start| self.kept.iter().filter(move |(s, _)| *s >= start));
+            let mut whole = true;
+            for (seq, payload) in batches {
+                whole = send(&seq.to_be_bytes(), payload)?;
+                if !whole {
+                    break;
                 }
             }
-            let mut end = envelope.clone();
-            let marker = (-1i64).to_be_bytes();
-            end.push(&marker);
-            end.push(&[]);
-            replay.send_multipart(end, 0)?;
-            answered += 1;
+            if whole {
+                send(&(-1i64).to_be_bytes(), &[])?;
+            }
         }
         Ok(answered)
     }

@@ -447,3 +447,54 @@ fn an_endless_malformed_replay_is_cut_off() {
     assert!(knows(&sub, 7));
     assert!(took < Duration::from_secs(10), "held for {took:?}");
 }
+
+/// A peer that floods a publisher's replay socket with requests and never
+/// reads cannot hold `serve_replay`: one call answers at most
+/// `MAX_REPLAY_REQUESTS`, and replies past the peer's full pipe are
+/// dropped rather than queued without bound.
+#[test]
+fn a_replay_flood_cannot_hold_the_publisher() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
+    let store = CacheStore::new(layout, 16, LruPolicy::new(16))
+        .unwrap()
+        .with_events(EventRing::new(1 << 12, Medium::Gpu));
+    let mut publisher = Publisher::bind(PublisherConfig {
+        max_batch_events: 1,
+        replay_batches: 2_000,
+        ..PublisherConfig::default()
+    })
+    .unwrap();
+    // 2,000 kept batches of one event each: every reply is 2,001 messages.
+    for _ in 0..2_000 {
+        assert!(store.events().unwrap().push(KvEvent::Cleared));
+    }
+    assert_eq!(publisher.pump(&store).unwrap(), 2_000);
+    let endpoint = publisher.replay_endpoint().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ctx = zmq::Context::new();
+            let peer = ctx.socket(zmq::DEALER).unwrap();
+            peer.set_linger(0).unwrap();
+            peer.connect(&endpoint).unwrap();
+            // Requests for everything, never a read, for at most 20 s.
+            let until = Instant::now() + Duration::from_secs(20);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                let _ = peer.send(&0u64.to_be_bytes()[..], zmq::DONTWAIT);
+            }
+        })
+    };
+    // The first call waits for the flood to arrive; the second finds it
+    // queued. Neither may stay while it lasts.
+    let start = Instant::now();
+    let answered = publisher.serve_replay(5_000).unwrap() + publisher.serve_replay(0).unwrap();
+    let took = start.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    assert!(
+        answered <= 2 * kvslice_events::MAX_REPLAY_REQUESTS,
+        "{answered}"
+    );
+    assert!(took < Duration::from_secs(10), "held for {took:?}");
+}
