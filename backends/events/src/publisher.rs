@@ -92,8 +92,11 @@ impl Publisher {
     pub fn bind(config: PublisherConfig) -> Result<Self, zmq::Error> {
         let ctx = zmq::Context::new();
         let publish = ctx.socket(zmq::XPUB)?;
-        // Every subscribe and unsubscribe reaches us, not only the first of
-        // a topic, so the count stays right with several consumers.
+        // Every subscribe reaches us, not only the first of a topic. An
+        // unsubscribe reaches us only when a topic's last subscription
+        // goes (libzmq's XPUB_VERBOSER would send them all; the crate has
+        // no setter for it), so `subscribers` may count consumers that
+        // left while others stayed.
         publish.set_xpub_verbose(true)?;
         publish.set_sndhwm(config.send_hwm)?;
         publish.set_linger(0)?;
@@ -148,9 +151,12 @@ impl Publisher {
         self.resyncs
     }
 
-    /// Subscriptions live now: subscribes minus unsubscribes seen so far
-    /// (a consumer subscribed to two topics counts twice). Reads what
-    /// consumers sent without waiting.
+    /// Subscriptions seen: subscribes minus unsubscribes so far (a
+    /// consumer subscribed to two topics counts twice). Reads what
+    /// consumers sent without waiting. Exact while consumers arrive, which
+    /// is what waiting for a router needs; after some leave while others
+    /// stay it can count too many (ZeroMQ reports an unsubscribe only when
+    /// a topic's last subscription goes).
     pub fn subscribers(&mut self) -> Result<usize, zmq::Error> {
         while self.publish.poll(zmq::POLLIN, 0)? > 0 {
             let msg = self.publish.recv_bytes(0)?;
