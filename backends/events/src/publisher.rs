@@ -91,13 +91,13 @@ impl Publisher {
     /// Binds the sockets.
     pub fn bind(config: PublisherConfig) -> Result<Self, zmq::Error> {
         let ctx = zmq::Context::new();
-        let publish = ctx.socket(zmq::XPUB)?;
-        // Every subscribe reaches us, not only the first of a topic. An
-        // unsubscribe reaches us only when a topic's last subscription
-        // goes (libzmq's XPUB_VERBOSER would send them all; the crate has
-        // no setter for it), so `subscribers` may count consumers that
-        // left while others stayed.
+        let mut publish = ctx.socket(zmq::XPUB)?;
+        // Every subscribe and unsubscribe reaches us, not only a topic's
+        // first and last, so the count stays right as consumers come and
+        // go (XPUB_VERBOSE alone forwards an unsubscribe only when a
+        // topic's last subscription goes).
         publish.set_xpub_verbose(true)?;
+        set_xpub_verboser(&mut publish)?;
         publish.set_sndhwm(config.send_hwm)?;
         publish.set_linger(0)?;
         publish.bind(&config.endpoint)?;
@@ -151,12 +151,10 @@ impl Publisher {
         self.resyncs
     }
 
-    /// Subscriptions seen: subscribes minus unsubscribes so far (a
-    /// consumer subscribed to two topics counts twice). Reads what
-    /// consumers sent without waiting. Exact while consumers arrive, which
-    /// is what waiting for a router needs; after some leave while others
-    /// stay it can count too many (ZeroMQ reports an unsubscribe only when
-    /// a topic's last subscription goes).
+    /// Subscriptions live now: subscribes minus unsubscribes seen so far
+    /// (a consumer subscribed to two topics counts twice; one that
+    /// disconnects unsubscribes). Reads what consumers sent without
+    /// waiting.
     pub fn subscribers(&mut self) -> Result<usize, zmq::Error> {
         while self.publish.poll(zmq::POLLIN, 0)? > 0 {
             let msg = self.publish.recv_bytes(0)?;
@@ -297,6 +295,27 @@ impl Publisher {
             }
         }
         Ok(answered)
+    }
+}
+
+/// Sets libzmq's `ZMQ_XPUB_VERBOSER` on `s` (the zmq crate has no setter):
+/// unsubscribes are forwarded too, every one.
+fn set_xpub_verboser(s: &mut zmq::Socket) -> Result<(), zmq::Error> {
+    let on: std::ffi::c_int = 1;
+    // SAFETY: `s` is a live socket, so its pointer is valid for the call;
+    // the option takes an int, passed by address with its size.
+    let rc = unsafe {
+        zmq_sys::zmq_setsockopt(
+            s.as_mut_ptr(),
+            zmq_sys::ZMQ_XPUB_VERBOSER as std::ffi::c_int,
+            (&raw const on).cast(),
+            std::mem::size_of::<std::ffi::c_int>(),
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        // SAFETY: reads the calling thread's errno as libzmq set it.
+        _ => Err(zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })),
     }
 }
 

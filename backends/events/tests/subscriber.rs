@@ -498,3 +498,35 @@ fn a_replay_flood_cannot_hold_the_publisher() {
     );
     assert!(took < Duration::from_secs(10), "held for {took:?}");
 }
+
+/// The publisher's subscription count follows consumers both ways: two
+/// arrive, one leaves while the other stays, then the other leaves.
+#[test]
+fn the_subscription_count_follows_consumers_that_leave() {
+    let mut publisher = Publisher::bind(PublisherConfig::default()).unwrap();
+    let ctx = zmq::Context::new();
+    let connect = || {
+        let s = ctx.socket(zmq::SUB).unwrap();
+        s.set_linger(0).unwrap();
+        s.connect(&publisher.endpoint()).unwrap();
+        s.set_subscribe(b"").unwrap();
+        s
+    };
+    let until = |p: &mut Publisher, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while p.subscribers().unwrap() != n {
+            assert!(
+                Instant::now() < deadline,
+                "{} not {n}",
+                p.subscribers().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let (first, second) = (connect(), connect());
+    until(&mut publisher, 2);
+    drop(first);
+    until(&mut publisher, 1);
+    drop(second);
+    until(&mut publisher, 0);
+}
