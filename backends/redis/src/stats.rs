@@ -33,9 +33,10 @@ pub struct TierStats {
     pub fetch_errors: u64,
     /// Fetches not tried because the tier was backing off after a failure.
     pub skipped_while_down: u64,
-    /// Median fetch round-trip time, in microseconds (0 before any fetch).
+    /// Median time a fetch waited on Redis (its round trips, not what the
+    /// caller did with the pages), in microseconds (0 before any fetch).
     pub fetch_p50_us: u64,
-    /// 99th percentile fetch round-trip time, in microseconds.
+    /// 99th percentile of the same, in microseconds.
     pub fetch_p99_us: u64,
 }
 

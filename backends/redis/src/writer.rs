@@ -203,10 +203,22 @@ impl Writer {
             let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
                 continue;
             };
+            // CLUSTER SLOTS: a NULL or empty endpoint is the host of the
+            // node asked (the seed); "?" is a node whose endpoint is not
+            // known, whose slots stay unowned (refused, not failed).
             let host = match host {
                 Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                 Value::SimpleString(s) => s.clone(),
+                Value::Nil => String::new(),
                 _ => continue,
+            };
+            let host = match host.as_str() {
+                "?" => continue,
+                "" => match seed.addr() {
+                    ConnectionAddr::Tcp(h, _) | ConnectionAddr::TcpTls { host: h, .. } => h.clone(),
+                    _ => continue,
+                },
+                _ => host,
             };
             let (Ok(port), Ok(start), Ok(end)) = (
                 u16::try_from(*port),
@@ -322,6 +334,34 @@ mod tests {
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
         assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+    }
+
+    /// A CLUSTER SLOTS answer whose endpoints are NULL or empty names the
+    /// seed's host; one whose endpoint is "?" leaves its slots unowned.
+    #[test]
+    fn slot_maps_resolve_unnamed_endpoints_to_the_seed() {
+        let seed = redis::Client::open("redis://127.0.0.1:7000/")
+            .unwrap()
+            .get_connection_info()
+            .clone();
+        let range = |start: i64, end: i64, host: Value, port: i64| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                Value::Array(vec![host, Value::Int(port)]),
+            ])
+        };
+        let map = Value::Array(vec![
+            range(0, 99, Value::Nil, 7000),
+            range(100, 199, Value::BulkString(Vec::new()), 7001),
+            range(200, 299, Value::BulkString(b"?".to_vec()), 7002),
+        ]);
+        let mut w = Writer::new(true);
+        w.apply(&seed, &map);
+        let addr = |slot: usize| w.nodes[w.owner[slot] as usize].info.addr().clone();
+        assert_eq!(addr(0), ConnectionAddr::Tcp("127.0.0.1".into(), 7000));
+        assert_eq!(addr(150), ConnectionAddr::Tcp("127.0.0.1".into(), 7001));
+        assert_eq!(w.owner[250], u16::MAX, "an unknown endpoint owns nothing");
     }
 
     #[test]
