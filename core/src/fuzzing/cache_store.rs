@@ -2,7 +2,8 @@
 //! evict / pin / clear on a cache store, with every invariant checked after
 //! every step: no page is lost, no referenced page is evicted, every map
 //! entry names a cached page, every cached block's parent is cached, and
-//! the store's events, replayed, name exactly the cached blocks.
+//! the store's events, replayed, name exactly the cached blocks; a prefix
+//! lookup hits exactly the cached prefix they name.
 
 use alloc::vec::Vec;
 
@@ -82,9 +83,15 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                     keys.drain(..hit.first);
                     hit.end - hit.first
                 } else {
-                    store
+                    let hits = store
                         .lookup_prefix(&req, &keys, tokens, &guard, &mut held)
-                        .expect("own guard")
+                        .expect("own guard");
+                    // One thread: every cached block of the chain's prefix
+                    // is a hit, and the events (replayed into `index`) say
+                    // which are cached.
+                    let cached = keys.iter().take_while(|k| index.contains(*k)).count();
+                    assert_eq!(hits, cached, "a cached prefix missed, or a hit on nothing");
+                    hits
                 };
                 for (k, r) in keys.iter().zip(&held) {
                     assert_eq!(
