@@ -53,6 +53,8 @@ struct World {
     request_store: HashMap<u64, u64>,
     /// The number the next drained event of a store must have.
     event_numbers: HashMap<u64, u64>,
+    /// Every handle destroyed (or request ended) so far.
+    destroyed: std::collections::HashSet<u64>,
 }
 
 /// What a well-formed call needs to know of a layout.
@@ -520,24 +522,45 @@ fn attend(u: &mut Unstructured<'_>, w: &mut World) -> bool {
 fn destroy(u: &mut Unstructured<'_>, w: &mut World) -> bool {
     // Handles stay in the lists after destroy, so later calls (and second
     // destroys) use them: each must be refused as invalid.
-    match small(u, 0, 5) {
-        0 => ok(kvs_layout_destroy(pick(u, &w.layouts, |id| KvsLayout {
-            id,
-        }))),
-        1 => ok(kvs_coordinator_destroy(pick(u, &w.coords, |id| {
-            KvsCoordinator { id }
-        }))),
-        2 => ok(kvs_memory_destroy(pick(u, &w.memories, |id| KvsMemory {
-            id,
-        }))),
-        3 => ok(kvs_store_destroy(pick(u, &w.stores, |id| KvsStore { id }))),
-        4 => ok(kvs_request_end(pick(u, &w.requests, |id| KvsRequest {
-            id,
-        }))),
-        _ => ok(kvs_engine_destroy(pick(u, &w.engines, |id| KvsEngine {
-            id,
-        }))),
+    let (id, status) = match small(u, 0, 5) {
+        0 => {
+            let h = pick(u, &w.layouts, |id| KvsLayout { id });
+            (h.id, kvs_layout_destroy(h))
+        }
+        1 => {
+            let h = pick(u, &w.coords, |id| KvsCoordinator { id });
+            (h.id, kvs_coordinator_destroy(h))
+        }
+        2 => {
+            let h = pick(u, &w.memories, |id| KvsMemory { id });
+            (h.id, kvs_memory_destroy(h))
+        }
+        3 => {
+            let h = pick(u, &w.stores, |id| KvsStore { id });
+            (h.id, kvs_store_destroy(h))
+        }
+        4 => {
+            let h = pick(u, &w.requests, |id| KvsRequest { id });
+            (h.id, kvs_request_end(h))
+        }
+        _ => {
+            let h = pick(u, &w.engines, |id| KvsEngine { id });
+            (h.id, kvs_engine_destroy(h))
+        }
+    };
+    // A handle destroyed before names nothing now, whatever it was.
+    if w.destroyed.contains(&id) {
+        assert_eq!(
+            status,
+            KvsStatus::InvalidHandle,
+            "a destroyed handle was taken"
+        );
     }
+    let done = ok(status);
+    if done {
+        w.destroyed.insert(id);
+    }
+    done
 }
 
 /// Ends every request, checks that each live store has no page that is
