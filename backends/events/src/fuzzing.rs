@@ -298,12 +298,23 @@ fn events(data: &[u8]) {
     let mut named = Vec::new();
     for e in &batch.events {
         match e {
-            WireEvent::Stored { tokens, .. } => named.extend(
-                wire::keys(e)
-                    .into_iter()
-                    .zip(tokens)
-                    .map(|(k, &t)| Named::Stored(k, t)),
-            ),
+            WireEvent::Stored {
+                tokens,
+                parent,
+                hashes,
+                ..
+            } => {
+                // The first block's parent is the event's; each later
+                // block's is the block before it.
+                let parents = core::iter::once(*parent).chain(hashes.iter().map(|&h| Some(h)));
+                named.extend(
+                    wire::keys(e)
+                        .into_iter()
+                        .zip(tokens)
+                        .zip(parents)
+                        .map(|((k, &t), p)| Named::Stored(k, t, p)),
+                )
+            }
             WireEvent::Removed {
                 hashes,
                 layer_group,
@@ -320,7 +331,11 @@ fn events(data: &[u8]) {
     let expected: Vec<_> = made
         .iter()
         .map(|e| match *e {
-            KvEvent::Stored { key, tokens, .. } => Named::Stored(key, tokens),
+            KvEvent::Stored {
+                key,
+                tokens,
+                parent,
+            } => Named::Stored(key, tokens, parent),
             KvEvent::Removed { key } => Named::Removed(key.block, key.layer_group, key.head_shard),
             KvEvent::Cleared => Named::Cleared,
         })
@@ -331,7 +346,8 @@ fn events(data: &[u8]) {
 /// A block as a consumer's index sees it: removals carry no index.
 #[derive(Debug, PartialEq)]
 enum Named {
-    Stored(SliceKey, u32),
+    /// The key, its tokens and its parent.
+    Stored(SliceKey, u32, Option<BlockHash>),
     Removed(BlockHash, u32, u32),
     Cleared,
 }
