@@ -219,30 +219,26 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
         let want = sc
             .naive_f64(layer, shard, &finite_q, scale)
             .expect("in range");
+        // Each opt-in within 5% of the oracle where it takes the batch.
+        let check = |on: &CpuEngine, takes: bool, what| {
+            let opt_in = OptIn {
+                engine: on,
+                takes,
+                bound: 5e-2,
+                what,
+            };
+            opt_in.check(&engine, &sc.pages, &batch, &want);
+        };
         if int8 {
             let rounded = engine.clone().with_int8_queries(true);
             let takes =
                 rounded.int8_queries() && dtype == KvDtype::I8 && order == KeyOrder::DimMajor;
-            let what = "int8 queries";
-            let opt_in = OptIn {
-                engine: &rounded,
-                takes,
-                bound: 5e-2,
-                what,
-            };
-            opt_in.check(&engine, &sc.pages, &batch, &want);
+            check(&rounded, takes, "int8 queries");
         }
         if bf16 {
             let pairs = engine.clone().with_fp8_bf16(true);
             let takes = pairs.fp8_bf16() && dtype == KvDtype::F8E4M3;
-            let what = "fp8 on bf16";
-            let opt_in = OptIn {
-                engine: &pairs,
-                takes,
-                bound: 5e-2,
-                what,
-            };
-            opt_in.check(&engine, &sc.pages, &batch, &want);
+            check(&pairs, takes, "fp8 on bf16");
             // The case's heads are at most 16 wide, and the bf16 weighted
             // sum takes multiples of 64: one GQA decode over fp8 pages of
             // width 64 too, its contents and lengths from the input.
@@ -260,13 +256,11 @@ fn case(data: &[u8], order: KeyOrder) -> bool {
             let table = sc.seq_attention(0, 0).expect("in range");
             let batch = AttentionBatch::new(0, 0, &table, &q, 0.125);
             let want = sc.naive_f64(0, 0, &q, 0.125).expect("in range");
-            let takes = pairs.fp8_bf16();
-            let what = "fp8 on bf16, width 64";
             let opt_in = OptIn {
                 engine: &pairs,
-                takes,
+                takes: pairs.fp8_bf16(),
                 bound: 1e-2,
-                what,
+                what: "fp8 on bf16, width 64",
             };
             opt_in.check(&engine, &sc.pages, &batch, &want);
         }

@@ -11,6 +11,13 @@ fn ev(page: u32, block_index: u32, request: u64) -> PageEvent {
     }
 }
 
+/// Request 1 stores a root on page `root` and its child on `root + 1`.
+fn first_turn(p: &DensityPolicy, root: u32) {
+    p.on_insert(ev(root, 0, 1));
+    p.on_became_parent(ev(root, 0, 1));
+    p.on_insert_child(ev(root + 1, 1, 1), PageId(root), true);
+}
+
 #[test]
 fn ghost_entries_round_trip_and_wrap() {
     let fp = 0x1234_5678_9abc_def1;
@@ -58,9 +65,7 @@ fn unlearned_it_evicts_the_oldest() {
 #[test]
 fn returning_conversations_gain_turns() {
     let p = DensityPolicy::new(8);
-    p.on_insert(ev(0, 0, 1));
-    p.on_became_parent(ev(0, 0, 1));
-    p.on_insert_child(ev(1, 1, 1), PageId(0), true);
+    first_turn(&p, 0);
     p.on_request_end(1);
     // Second turn: hits 0 and 1, adds 2; a third request (a new
     // conversation off the same root) interleaves with it.
@@ -108,9 +113,7 @@ fn refusals_and_parents() {
 #[test]
 fn restored_pages_keep_their_state() {
     let p = DensityPolicy::new(8);
-    p.on_insert(ev(0, 0, 1));
-    p.on_became_parent(ev(0, 0, 1));
-    p.on_insert_child(ev(1, 1, 1), PageId(0), true);
+    first_turn(&p, 0);
     p.on_access(ev(0, 0, 2)); // a second request
     let before = {
         let s = p.state.lock();
@@ -145,9 +148,7 @@ fn classes_that_return_are_denser() {
 #[test]
 fn a_refilled_page_keeps_its_new_keys_turns() {
     let p = DensityPolicy::new(8);
-    p.on_insert(ev(1, 0, 1));
-    p.on_became_parent(ev(1, 0, 1));
-    p.on_insert_child(ev(2, 1, 1), PageId(1), true);
+    first_turn(&p, 1);
     p.on_request_end(1);
     // The second turn inserts page 3 with two turns, and is still open
     // when page 3 is evicted and refilled by a new conversation.
