@@ -160,3 +160,14 @@ impl RaceCell {
         }
     }
 }
+
+/// The models' block `i`: distinct blocks and indices, layer group and
+/// head shard 0.
+pub fn key(i: u32) -> kvslice_core::SliceKey {
+    kvslice_core::SliceKey {
+        block: kvslice_core::BlockHash(u128::from(i) + 1),
+        block_index: i,
+        layer_group: 0,
+        head_shard: 0,
+    }
+}

@@ -1,22 +1,14 @@
-//! loom models of the slice map and the cache store. Run with
+//! loom models of the cache store (the slice map's are in `slice_map.rs`).
+//! Run with
 //! `--cfg kvslice_loom --cfg crossbeam_loom` so crossbeam-epoch's
 //! reclamation is explored too (see the crate docs).
 
 use kvslice_core::epoch::Collector;
 use kvslice_core::{
-    BlockHash, CacheStore, ClockPolicy, DensityPolicy, EvictionPolicy, KvDtype, KvLayout,
-    LayoutSpec, Life, LruPolicy, PageHandle, PageId, PagePool, SliceKey, SliceMap,
+    CacheStore, ClockPolicy, DensityPolicy, EvictionPolicy, KvDtype, KvLayout, LayoutSpec, Life,
+    LruPolicy, PageId, PagePool, Priority,
 };
-use kvslice_loom_tests::{Arc, model, model_with_preemptions, thread};
-
-fn key(i: u32) -> SliceKey {
-    SliceKey {
-        block: BlockHash(u128::from(i) + 1),
-        block_index: i,
-        layer_group: 0,
-        head_shard: 0,
-    }
-}
+use kvslice_loom_tests::{Arc, key, model, model_with_preemptions, thread};
 
 type Store = CacheStore<'static, ClockPolicy>;
 
@@ -24,14 +16,6 @@ fn store(capacity: u32) -> Arc<Store> {
     let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap();
     let pool = PagePool::new(layout, capacity).unwrap();
     Arc::new(CacheStore::from_parts(pool, ClockPolicy::new(capacity), Collector::new()).unwrap())
-}
-
-/// `n` distinct page handles to store as map values, and their pool.
-fn handles(n: u32) -> (PagePool<'static>, Vec<PageHandle>) {
-    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 1, 1, KvDtype::F32)).unwrap();
-    let pool = PagePool::new(layout, n).unwrap();
-    let hs = pool.alloc_many(n).unwrap().map(|p| p.handle()).collect();
-    (pool, hs)
 }
 
 /// Publishes `key(0)` and releases it: one cached, unreferenced page.
@@ -55,133 +39,6 @@ fn spawn_evictor<E: EvictionPolicy + 'static>(
         let local = store.map().collector().register();
         store.evict(1, &local.pin()).unwrap()
     })
-}
-
-/// `get` racing `remove` on one key, with epoch reclamation driven by the
-/// remover: the reader sees the value or nothing, never freed memory, and
-/// the removed node is freed exactly once (loom tracks the node's
-/// allocation, so a leak or a double free fails the model).
-#[test]
-fn map_get_races_remove() {
-    model(|| {
-        let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
-        let (_pool, hs) = handles(1);
-        let h = hs[0];
-        {
-            let local = map.collector().register();
-            assert_eq!(map.insert(key(0), h, &local.pin()).unwrap(), None);
-        }
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                let local = map.collector().register();
-                let guard = local.pin();
-                let got = map.get(&key(0), &guard).unwrap();
-                assert!(got.is_none() || got == Some(h));
-            })
-        };
-        let remover = {
-            let map = map.clone();
-            thread::spawn(move || {
-                let local = map.collector().register();
-                assert_eq!(map.remove(&key(0), &local.pin()).unwrap(), Some(h));
-                local.pin().flush();
-            })
-        };
-        reader.join().unwrap();
-        remover.join().unwrap();
-        let local = map.collector().register();
-        assert_eq!(map.get(&key(0), &local.pin()).unwrap(), None);
-    });
-}
-
-/// Two threads insert one key into an empty bucket: one claims the inline
-/// slot, the other may push to the overflow chain while the slot is being
-/// written. Exactly one insert wins and the other is handed its value.
-#[test]
-fn map_inserts_of_one_key_race() {
-    model(|| {
-        let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
-        let (_pool, hs) = handles(2);
-        let inserters: Vec<_> = hs
-            .iter()
-            .map(|&h| {
-                let map = map.clone();
-                thread::spawn(move || {
-                    let local = map.collector().register();
-                    map.insert(key(0), h, &local.pin()).unwrap()
-                })
-            })
-            .collect();
-        let got: Vec<_> = inserters.into_iter().map(|t| t.join().unwrap()).collect();
-        let local = map.collector().register();
-        let guard = local.pin();
-        let stored = map.get(&key(0), &guard).unwrap().expect("one insert won");
-        match (got[0], got[1]) {
-            (None, Some(v)) => assert_eq!((v, stored), (hs[0], hs[0])),
-            (Some(v), None) => assert_eq!((v, stored), (hs[1], hs[1])),
-            other => panic!("both or neither won: {other:?}"),
-        }
-        assert_eq!(map.census(&guard).unwrap().entries, 1);
-    });
-}
-
-/// A reader of key A races the removal of A and the insertion of B into
-/// the same bucket, which reuses A's inline slot once the epoch collector
-/// hands it back. The reader sees A's value or nothing for A, never B's
-/// value or a half-written slot.
-///
-/// Explored with at most 2 preemptions (112 k interleavings, about 25 s):
-/// at 3 it took 1.5 M interleavings and over five minutes, half of CI's
-/// loom step. Seeded bugs fail at 2 within seconds: reclaiming the slot at
-/// once instead of deferring it on the collector, and a `Relaxed` load of
-/// the control word in `get`. (A `Relaxed` reclaim passes at 2 and at 3
-/// alike: loom does not model the load buffering it would allow.)
-#[test]
-fn map_get_races_inline_slot_reuse() {
-    model_with_preemptions(Some(2), || {
-        let map = Arc::new(SliceMap::with_collector(1, Collector::new()));
-        let (a, b) = {
-            let a = key(0);
-            let b = (1..)
-                .map(key)
-                .find(|k| map.bucket_of(k) == map.bucket_of(&a));
-            (a, b.unwrap())
-        };
-        let (_pool, hs) = handles(2);
-        let (ha, hb) = (hs[0], hs[1]);
-        {
-            let local = map.collector().register();
-            assert_eq!(map.insert(a, ha, &local.pin()).unwrap(), None);
-        }
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                let local = map.collector().register();
-                let guard = local.pin();
-                let got = map.get(&a, &guard).unwrap();
-                assert!(got.is_none() || got == Some(ha), "{got:?}");
-            })
-        };
-        let writer = {
-            let map = map.clone();
-            thread::spawn(move || {
-                let local = map.collector().register();
-                assert_eq!(map.remove(&a, &local.pin()).unwrap(), Some(ha));
-                // Give the collector chances to hand the slot back.
-                for _ in 0..2 {
-                    local.pin().flush();
-                }
-                assert_eq!(map.insert(b, hb, &local.pin()).unwrap(), None);
-            })
-        };
-        reader.join().unwrap();
-        writer.join().unwrap();
-        let local = map.collector().register();
-        let guard = local.pin();
-        assert_eq!(map.get(&a, &guard).unwrap(), None);
-        assert_eq!(map.get(&b, &guard).unwrap(), Some(hb));
-    });
 }
 
 /// Two workers publish the same key: one page survives, the other goes back
@@ -436,5 +293,98 @@ fn a_publish_races_an_eviction_that_is_undone() {
             mapped.map(|h| h.id()),
             "a cached page the map does not reach"
         );
+    });
+}
+
+/// A child published under a parent that the publisher looks up (so
+/// takes a reference to) after the evictor may have checked the parent,
+/// and releases before the evictor claims it: the evictor must check the
+/// parent's children again once it holds the page, or it evicts a parent
+/// whose child is cached. The child's claim on its parent (`children`,
+/// written without ordering) reaches the evictor through the parent's
+/// reference count. Every page ends cached under its key or free.
+///
+/// Explored with at most 1 preemption, the child's page taken and the
+/// request begun before the race (230 k interleavings, 30 s; at 2 it took
+/// 3 M and 400 s). One preemption is all the race needs: an evictor that
+/// skipped that second check (a seeded bug) fails the model at 1 within a
+/// second.
+#[test]
+fn a_child_publish_races_the_eviction_of_its_parent() {
+    model_with_preemptions(Some(1), || {
+        let store = store(2);
+        publish_one(&store);
+        let local = store.map().collector().register();
+        let (child, req) = {
+            let page = store.allocate(1, &local.pin()).unwrap().pop().unwrap();
+            (page.into_token(), store.begin_request())
+        };
+        let publisher = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                let guard = local.pin();
+                let page = store.pool().redeem_fill(child).unwrap();
+                let mut held = Vec::new();
+                if store
+                    .lookup_prefix(&req, &[key(0)], 1, &guard, &mut held)
+                    .unwrap()
+                    == 1
+                {
+                    let child = store.publish(&req, page, key(1), held.first(), 1, &guard);
+                    drop(child.unwrap());
+                }
+                drop(held);
+                req
+            })
+        };
+        let evicted = spawn_evictor(&store).join().unwrap();
+        store.end_request(publisher.join().unwrap()).unwrap();
+        let guard = local.pin();
+        let parent = store.map().get(&key(0), &guard).unwrap();
+        let child = store.map().get(&key(1), &guard).unwrap();
+        assert!(
+            child.is_none() || parent.is_some(),
+            "a cached child outlived its parent"
+        );
+        if let Some(p) = parent {
+            assert_eq!(store.children(p.id()).unwrap(), u32::from(child.is_some()));
+        }
+        let cached = u32::from(parent.is_some()) + u32::from(child.is_some());
+        assert_eq!(cached + store.pool().free_pages(), 2, "evicted {evicted}");
+    });
+}
+
+/// Pinning a cached page against an evictor: `set_priority` writes the
+/// priority while holding a reference, so an evictor that sees the
+/// reference gone sees the pin. Either the pin took (and the page stays,
+/// now and at the next eviction) or the page was evicted first.
+///
+/// Explored with at most 2 preemptions (91 k interleavings, 12 s; at 3,
+/// 785 k and 110 s); an evictor that does not check the priority again
+/// once it holds the page (a seeded bug) fails it at 2 at once.
+#[test]
+fn pinning_races_an_eviction() {
+    model_with_preemptions(Some(2), || {
+        let store = store(1);
+        publish_one(&store);
+        let pinner = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let local = store.map().collector().register();
+                store
+                    .set_priority(&key(0), Priority::Pinned, &local.pin())
+                    .unwrap()
+            })
+        };
+        let evicted = spawn_evictor(&store).join().unwrap();
+        let pinned = pinner.join().unwrap();
+        assert_ne!(pinned, evicted == 1, "pinned {pinned}, evicted {evicted}");
+        let local = store.map().collector().register();
+        let guard = local.pin();
+        assert_eq!(store.evict(1, &guard).unwrap(), 0, "a pinned page went");
+        let info = store.pool().page_info(PageId(0)).unwrap();
+        assert_eq!(info.life == Life::Cached, pinned);
+        assert_eq!(store.map().get(&key(0), &guard).unwrap().is_some(), pinned);
     });
 }
