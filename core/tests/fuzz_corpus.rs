@@ -9,10 +9,11 @@ use kvslice_core::testkit::Rng;
 
 type Harness = fn(&[u8]);
 
-const HARNESSES: [(&str, Harness); 4] = [
+const HARNESSES: [(&str, Harness); 5] = [
     ("coordinator", fuzzing::coordinator),
     ("page_pool", fuzzing::page_pool),
     ("slice_map", fuzzing::slice_map),
+    ("sequence_table", fuzzing::sequence_table),
     ("cache_store", fuzzing::cache_store),
 ];
 

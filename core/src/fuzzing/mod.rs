@@ -11,11 +11,13 @@
 mod cache_store;
 mod coordinator;
 mod page_pool;
+mod sequence_table;
 mod slice_map;
 
 pub use cache_store::cache_store;
 pub use coordinator::coordinator;
 pub use page_pool::page_pool;
+pub use sequence_table::sequence_table;
 pub use slice_map::slice_map;
 
 use arbitrary::Unstructured;
