@@ -184,8 +184,10 @@ impl Writer {
     }
 
     /// Takes a `CLUSTER SLOTS` answer: `[start, end, [host, port, ...],
-    /// replicas...]` per range; the first address is the master.
-    fn apply(&mut self, seed: &redis::ConnectionInfo, map: &Value) {
+    /// replicas...]` per range; the first address is the master. A range
+    /// that owns no slot adds no node, so node indices fit the owner map
+    /// whatever the answer holds.
+    pub(crate) fn apply(&mut self, seed: &redis::ConnectionInfo, map: &Value) {
         let mut owner = vec![u16::MAX; SLOTS];
         let mut nodes: Vec<Node> = Vec::new();
         let mut old = std::mem::take(&mut self.nodes);
@@ -227,6 +229,9 @@ impl Writer {
             ) else {
                 continue;
             };
+            if start > end || start >= SLOTS {
+                continue;
+            }
             let addr = ConnectionAddr::Tcp(host, port);
             let index = match nodes.iter().position(|n| *n.info.addr() == addr) {
                 Some(i) => i,
@@ -246,6 +251,21 @@ impl Writer {
         }
         self.nodes = nodes;
         self.owner = owner;
+    }
+}
+
+/// What the writer made of the last slot map (tests and fuzzing).
+#[cfg(any(test, feature = "fuzzing"))]
+impl Writer {
+    /// The address of the node that owns `slot`, if any.
+    pub(crate) fn owner_of(&self, slot: usize) -> Option<&ConnectionAddr> {
+        let node = *self.owner.get(slot)?;
+        self.nodes.get(usize::from(node)).map(|n| n.info.addr())
+    }
+
+    /// Every node's address, in index order.
+    pub(crate) fn node_addrs(&self) -> Vec<&ConnectionAddr> {
+        self.nodes.iter().map(|n| n.info.addr()).collect()
     }
 }
 
@@ -362,6 +382,39 @@ mod tests {
         assert_eq!(addr(0), ConnectionAddr::Tcp("127.0.0.1".into(), 7000));
         assert_eq!(addr(150), ConnectionAddr::Tcp("127.0.0.1".into(), 7001));
         assert_eq!(w.owner[250], u16::MAX, "an unknown endpoint owns nothing");
+    }
+
+    /// An answer naming more nodes than a slot index holds, in ranges that
+    /// own no slot (start after end, or past the last slot): they add no
+    /// node, so a real range after them is still owned by its own node
+    /// (with a node each, its index wrapped to another node's).
+    #[test]
+    fn ranges_that_own_no_slot_add_no_node() {
+        let seed = redis::Client::open("redis://127.0.0.1:7000/")
+            .unwrap()
+            .get_connection_info()
+            .clone();
+        let range = |start: i64, end: i64, host: String| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                Value::Array(vec![Value::BulkString(host.into_bytes()), Value::Int(7000)]),
+            ])
+        };
+        let mut ranges: Vec<Value> = (0..70_000)
+            .map(|i| {
+                let (start, end) = if i % 2 == 0 { (5, 4) } else { (20_000, 20_001) };
+                range(start, end, format!("empty{i}"))
+            })
+            .collect();
+        ranges.push(range(0, 16383, "owner".into()));
+        let mut w = Writer::new(true);
+        w.apply(&seed, &Value::Array(ranges));
+        assert_eq!(w.node_addrs().len(), 1);
+        assert_eq!(
+            w.owner_of(0),
+            Some(&ConnectionAddr::Tcp("owner".into(), 7000))
+        );
     }
 
     #[test]

@@ -1,28 +1,40 @@
-//! The value fuzz harness (`fuzz/fuzz_targets/redis_value.rs`) on its
-//! committed seeds, on random inputs, and on real values with bytes
-//! flipped, cut or added: stable Rust, no fuzzer needed, no Redis.
+//! The fuzz harnesses (`fuzz/fuzz_targets/redis_value.rs` and
+//! `redis_slot_map.rs`) on their committed seeds and on random inputs, and
+//! real values with bytes flipped, cut or added: stable Rust, no fuzzer
+//! needed, no Redis.
 
 use kvslice_core::testkit::Rng;
 use kvslice_core::{BlockHash, KvDtype, KvLayout, LayoutSpec, SliceKey};
 use kvslice_redis::{fuzzing, value};
 
+type Harness = fn(&[u8]);
+
+/// The harnesses and the seed directories they replay.
+const HARNESSES: [(&str, Harness); 2] = [
+    ("redis_value", fuzzing::value_decode),
+    ("redis_slot_map", fuzzing::slot_map),
+];
+
 #[test]
-fn seeds_and_random_inputs_pass_the_harness() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/redis_value");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(files.len() >= 3, "too few seeds in {}", dir.display());
-    for f in files {
-        fuzzing::value_decode(&std::fs::read(&f).unwrap());
-    }
-    let mut rng = Rng::new(38);
-    for _ in 0..2000 {
-        let data: Vec<u8> = (0..rng.below(400)).map(|_| rng.next_u64() as u8).collect();
-        fuzzing::value_decode(&data);
+fn seeds_and_random_inputs_pass_the_harnesses() {
+    for (i, (name, harness)) in HARNESSES.into_iter().enumerate() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/corpus")
+            .join(name);
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        assert!(files.len() >= 3, "too few seeds in {}", dir.display());
+        for f in files {
+            harness(&std::fs::read(&f).unwrap());
+        }
+        let mut rng = Rng::new(38 + i as u64);
+        for _ in 0..2000 {
+            let data: Vec<u8> = (0..rng.below(400)).map(|_| rng.next_u64() as u8).collect();
+            harness(&data);
+        }
     }
 }
 
