@@ -3,7 +3,10 @@
 //! every step: no page is lost, no referenced page is evicted, every map
 //! entry names a cached page, every cached block's parent is cached, and
 //! the store's events, replayed, name exactly the cached blocks; a prefix
-//! lookup hits exactly the cached prefix they name.
+//! lookup hits exactly the cached prefix they name, a windowed one the
+//! longest prefix whose window they name cached; a pinned block stays; an
+//! eviction or allocation that comes up short had nothing more it could
+//! take.
 
 use alloc::vec::Vec;
 
@@ -56,6 +59,7 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
     let local = store.map().collector().register();
     let mut requests: Vec<Held<'_>> = Vec::new();
     let mut ever: HashSet<SliceKey> = HashSet::new();
+    let mut pinned: HashSet<SliceKey> = HashSet::new();
     while !u.is_empty() {
         let guard = local.pin();
         match small(u, 0, 5) {
@@ -68,16 +72,23 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                 // ones the window needs may be missing, and are not held.
                 let hits = if op == 1 {
                     let window = small(u, 1, 12);
+                    // Sometimes the last block is partial.
+                    let tokens = tokens - small(u, 0, BT - 1) as usize;
                     let hit = store
                         .lookup_window(&req, &keys, tokens, window, &guard, &mut held)
                         .expect("own guard");
                     assert_eq!(held.len(), hit.end - hit.first);
-                    assert!(hit.first <= hit.end && hit.end <= keys.len());
+                    let want = window_hit(&keys, tokens, window as usize, &index);
+                    assert_eq!(
+                        (hit.first, hit.end),
+                        want,
+                        "window {window}, {tokens} tokens"
+                    );
                     if held.is_empty() && hit.end > 0 {
                         // A one-token window needs no block: nothing held
                         // to publish the rest under, so they are not.
                         store.end_request(req).expect("own request");
-                        check(&store, &requests, &ever, &mut index);
+                        check(&store, &requests, &ever, &pinned, &mut index);
                         continue;
                     }
                     keys.drain(..hit.first);
@@ -112,7 +123,16 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                         ever.extend(keys.iter().copied());
                         requests.push((keys, held));
                     }
-                    Err(e) => assert!(matches!(e, Error::CapacityExhausted(_)), "{e:?}"),
+                    Err(e) => {
+                        assert!(matches!(e, Error::CapacityExhausted(_)), "{e:?}");
+                        let refs = held_refs(&requests, &held);
+                        let room = store.pool().free_pages() + freeable(&store, &refs, &pinned);
+                        assert!(
+                            room < (keys.len() - hits) as u32,
+                            "allocating {} failed with room for {room}",
+                            keys.len() - hits
+                        );
+                    }
                 }
                 store.end_request(req).expect("own request");
             }
@@ -120,7 +140,28 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                 drop(requests.swap_remove(small(u, 0, requests.len() as u32 - 1) as usize))
             }
             3 => {
-                let _ = store.evict(small(u, 1, 3), &guard).expect("own guard");
+                let n = small(u, 1, 3);
+                let went = store.evict(n, &guard).expect("own guard");
+                if went < n {
+                    // Short: every cached page left is held, pinned or a
+                    // parent.
+                    let refs = held_refs(&requests, &[]);
+                    let evictable = (0..store.pool().capacity()).find(|&i| {
+                        let info = store.pool().page_info(PageId(i)).expect("in range");
+                        info.life == Life::Cached
+                            && refs.get(&i).is_none()
+                            && store.children(PageId(i)).expect("in range") == 0
+                            && !pinned.iter().any(|k| {
+                                store
+                                    .map()
+                                    .get(k, &guard)
+                                    .expect("own guard")
+                                    .map(|h| h.id())
+                                    == Some(PageId(i))
+                            })
+                    });
+                    assert_eq!(evictable, None, "evicted {went} of {n}");
+                }
             }
             5 => {
                 let emptied = store.clear(&guard).expect("own guard");
@@ -135,19 +176,86 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                 let key = chain(small(u, 0, 3), 6)[small(u, 0, 5) as usize];
                 let p =
                     [Priority::Normal, Priority::High, Priority::Pinned][small(u, 0, 2) as usize];
-                let _ = store.set_priority(&key, p, &guard).expect("own guard");
+                if store.set_priority(&key, p, &guard).expect("own guard") {
+                    if p == Priority::Pinned {
+                        pinned.insert(key);
+                    } else {
+                        pinned.remove(&key);
+                    }
+                }
             }
         }
-        check(&store, &requests, &ever, &mut index);
+        check(&store, &requests, &ever, &pinned, &mut index);
     }
     drop(requests);
-    check(&store, &[], &ever, &mut index);
+    check(&store, &[], &ever, &pinned, &mut index);
+}
+
+/// What a windowed lookup of `keys` should find, by the rule stated
+/// plainly: the longest prefix of `end` blocks whose last block and every
+/// block the token after it attends to (`window` tokens back) are cached;
+/// `(first needed, end)`, or `(0, 0)`.
+fn window_hit(
+    keys: &[SliceKey],
+    tokens: usize,
+    window: usize,
+    cached: &HashSet<SliceKey>,
+) -> (usize, usize) {
+    let bt = BT as usize;
+    (1..=keys.len())
+        .rev()
+        .find_map(|end| {
+            let next = (end * bt).min(tokens);
+            let first = (next + 1).saturating_sub(window) / bt;
+            keys[first.min(end - 1)..end]
+                .iter()
+                .all(|k| cached.contains(k))
+                .then_some((first, end))
+        })
+        .unwrap_or((0, 0))
+}
+
+/// References held per page: by the requests, and by `more`.
+fn held_refs(requests: &[Held<'_>], more: &[PageRef<'_, 'static>]) -> HashMap<u32, u32> {
+    let mut refs = HashMap::new();
+    let all = requests.iter().flat_map(|(_, held)| held).chain(more);
+    for r in all {
+        *refs.entry(r.handle().id().0).or_insert(0) += 1;
+    }
+    refs
+}
+
+/// Cached pages an allocation could take: unreferenced, not pinned, and
+/// with every cached descendant the same (a chain goes together).
+fn freeable<E: EvictionPolicy>(
+    store: &CacheStore<'static, E>,
+    refs: &HashMap<u32, u32>,
+    pinned: &HashSet<SliceKey>,
+) -> u32 {
+    let local = store.map().collector().register();
+    let guard = local.pin();
+    let mut n = 0;
+    for root in 0..4 {
+        // From the deepest block up: a block is freeable if it is and its
+        // child (the next block of its chain) is freeable or not cached.
+        let mut below = true;
+        for key in chain(root, 6).iter().rev() {
+            let Some(h) = store.map().get(key, &guard).expect("own guard") else {
+                below = true;
+                continue;
+            };
+            below = below && !refs.contains_key(&h.id().0) && !pinned.contains(key);
+            n += u32::from(below);
+        }
+    }
+    n
 }
 
 fn check<E: EvictionPolicy>(
     store: &CacheStore<'static, E>,
     requests: &[Held<'_>],
     ever: &HashSet<SliceKey>,
+    pinned: &HashSet<SliceKey>,
     index: &mut HashSet<SliceKey>,
 ) {
     let local = store.map().collector().register();
@@ -228,4 +336,5 @@ fn check<E: EvictionPolicy>(
     assert_eq!(ring.dropped(), 0);
     let cached: HashSet<SliceKey> = mapped.values().copied().collect();
     assert_eq!(*index, cached, "the events name the cached blocks");
+    assert!(pinned.is_subset(&cached), "a pinned block went");
 }
