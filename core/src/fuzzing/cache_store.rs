@@ -62,7 +62,7 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
     let mut pinned: HashSet<SliceKey> = HashSet::new();
     while !u.is_empty() {
         let guard = local.pin();
-        match small(u, 0, 5) {
+        match small(u, 0, 6) {
             op @ (0 | 1) => {
                 let req = store.begin_request();
                 let mut keys = chain(small(u, 0, 3), small(u, 1, 6));
@@ -161,6 +161,14 @@ fn run<E: EvictionPolicy>(u: &mut Unstructured<'_>, cap: u32, policy: E) {
                             })
                     });
                     assert_eq!(evictable, None, "evicted {went} of {n}");
+                }
+            }
+            6 => {
+                // Advance the epoch so removed entries' inline slots are
+                // reclaimed and reused by later publishes.
+                drop(guard);
+                for _ in 0..3 {
+                    local.pin().flush();
                 }
             }
             5 => {
