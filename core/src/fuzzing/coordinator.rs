@@ -172,14 +172,20 @@ fn region(u: &mut Unstructured<'_>, coord: &Coordinator) {
     }
 }
 
-/// Token budgets: the plan drops exactly the range the budget names, keeps
-/// `max_tokens` tokens, and matches a plan of the kept tokens in block
-/// count; bad budgets and refusals are errors.
+/// Token budgets, against the rule as the docs state it: a budget of zero,
+/// or sinks that are none or leave no room for a tail, are errors; a
+/// sequence that fits is planned whole; one over a refusing budget is an
+/// error; otherwise the plan covers the tokens kept (the last
+/// `max_tokens`, or the first `first` and the last `max_tokens - first`)
+/// in the blocks a plan of those alone has, says which positions went,
+/// shares no key with that plan (a cut request shares none with one that
+/// was not cut) and ignores what the dropped tokens were (requests cut
+/// the same way share keys).
 fn budget(u: &mut Unstructured<'_>, coord: &Coordinator) {
     use crate::coordinator::{TokenBudget, Truncation};
     let n = small(u, 1, 60) as usize;
     let tokens: Vec<u32> = (0..n).map(|_| small(u, 0, 5)).collect();
-    let max_tokens = small(u, 0, 64) as usize;
+    let max = small(u, 0, 64) as usize;
     let truncation = match small(u, 0, 2) {
         0 => Truncation::Refuse,
         1 => Truncation::KeepLast,
@@ -188,20 +194,53 @@ fn budget(u: &mut Unstructured<'_>, coord: &Coordinator) {
         },
     };
     let b = TokenBudget {
-        max_tokens,
+        max_tokens: max,
         truncation,
     };
-    match (
-        b.dropped(n),
-        coord.plan(&Request::new(&tokens).with_budget(b)),
-    ) {
-        (Ok(dropped), Ok(plan)) => {
-            assert_eq!(plan.dropped(), dropped);
-            let kept = n - dropped.map_or(0, |d| d.len());
-            assert!(kept <= max_tokens);
-            assert_eq!(plan.token_range(), 0..kept);
+    let got = coord.plan(&Request::new(&tokens).with_budget(b));
+    let kept: Option<(Vec<u32>, Option<core::ops::Range<usize>>)> = match truncation {
+        _ if max == 0 => None,
+        Truncation::KeepFirstAndLast { first } if first == 0 || first >= max => None,
+        _ if n <= max => Some((tokens.clone(), None)),
+        Truncation::Refuse => None,
+        Truncation::KeepLast => Some((tokens[n - max..].to_vec(), Some(0..n - max))),
+        Truncation::KeepFirstAndLast { first } => {
+            let tail = max - first;
+            let mut kept = tokens[..first].to_vec();
+            kept.extend_from_slice(&tokens[n - tail..]);
+            Some((kept, Some(first..n - tail)))
         }
-        (Err(_), Err(_)) => {}
-        (d, p) => panic!("budget {b:?} on {n} tokens: dropped {d:?}, plan {p:?}"),
+    };
+    match (kept, got) {
+        (Some((kept, dropped)), Ok(plan)) => {
+            assert_eq!(plan.dropped(), dropped);
+            assert_eq!(plan.token_range(), 0..kept.len());
+            let plain = coord.plan(&Request::new(&kept)).expect("plans");
+            let shape = |p: &crate::SlicePlan| -> Vec<(u32, u32)> {
+                p.blocks()
+                    .iter()
+                    .map(|b| (b.index, b.valid_tokens))
+                    .collect()
+            };
+            assert_eq!(shape(&plan), shape(&plain), "budget {b:?} on {n} tokens");
+            if let Some(d) = dropped {
+                for (a, b) in plan.blocks().iter().zip(plain.blocks()) {
+                    assert_ne!(
+                        a.hash, b.hash,
+                        "a cut request shares a key with an uncut one"
+                    );
+                }
+                let mut other = tokens.clone();
+                other[d].iter_mut().for_each(|t| *t += 1);
+                let again = coord.plan(&Request::new(&other).with_budget(b));
+                assert_eq!(
+                    again.as_ref(),
+                    Ok(&plan),
+                    "the dropped tokens changed the keys"
+                );
+            }
+        }
+        (None, Err(_)) => {}
+        (want, got) => panic!("budget {b:?} on {n} tokens: want {want:?}, got {got:?}"),
     }
 }
