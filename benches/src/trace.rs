@@ -110,25 +110,55 @@ pub fn parse_line(text: &str, line: u64) -> Result<TraceRequest, Error> {
 }
 
 /// Fuzz harness: arbitrary bytes into the parser, line by line and as a
-/// whole trace. A value or an error, never a panic; what parses is
-/// consistent.
+/// whole trace. A value or an error, never a panic; a line that parses
+/// reads the same written back as JSON; a trace holds the lines that
+/// parse, in timestamp order, and skips and counts the rest (or, not
+/// skipping, is refused for them).
 pub fn fuzz_trace_line(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     if let Ok(r) = parse_line(&text, 1) {
+        // What was read is what the line says: written back as JSON, it
+        // reads the same.
+        let again = serde_json::json!({
+            "timestamp": r.timestamp,
+            "input_length": r.input_length,
+            "output_length": r.output_length,
+            "hash_ids": r.hash_ids,
+        });
+        assert_eq!(parse_line(&again.to_string(), 1).as_ref(), Ok(&r));
         assert!(r.input_length > 0);
         assert_eq!(
             r.input_length.div_ceil(u64::from(TRACE_BLOCK_TOKENS)),
             r.hash_ids.len() as u64
         );
     }
-    for skip in [false, true] {
-        if let Ok(t) = Trace::read(data, skip) {
-            assert!(
-                t.requests
-                    .windows(2)
-                    .all(|w| w[0].timestamp <= w[1].timestamp)
-            );
+    // A whole trace: every line that is not blank is read or (skipping)
+    // counted; without skipping, it reads exactly when nothing would be
+    // skipped, and the same requests, in timestamp order, ties in line
+    // order.
+    let lines: Vec<&[u8]> = data.split(|&b| b == b'\n').collect();
+    let mut want: Vec<TraceRequest> = Vec::new();
+    let mut bad_lines = 0;
+    for (i, bytes) in lines.iter().enumerate() {
+        match std::str::from_utf8(bytes) {
+            Ok(t) if t.trim().is_empty() => {}
+            Ok(t) => match parse_line(t, i as u64 + 1) {
+                Ok(r) => want.push(r),
+                Err(_) => bad_lines += 1,
+            },
+            Err(_) => bad_lines += 1,
         }
+    }
+    want.sort_by_key(|r| r.timestamp);
+    let skipping = Trace::read(data, true).expect("skipping reads anything");
+    assert_eq!(skipping.requests, want);
+    assert_eq!(skipping.skipped_lines, bad_lines);
+    match Trace::read(data, false) {
+        Ok(t) => {
+            assert_eq!(bad_lines, 0);
+            assert_eq!(t.requests, want);
+        }
+        Err(_) => assert!(bad_lines > 0, "a trace of good lines refused"),
     }
 }
 
