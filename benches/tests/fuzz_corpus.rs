@@ -7,13 +7,9 @@ use kvslice_benches::trace::{Trace, fuzz_trace_line};
 
 #[test]
 fn trace_line_corpus_replays_cleanly() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/trace_line");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        fuzz_trace_line(&std::fs::read(entry.unwrap().path()).unwrap());
-        n += 1;
+    for (_, data) in kvslice_core::testkit::fuzz_seeds("trace_line", 1) {
+        fuzz_trace_line(&data);
     }
-    assert!(n > 0, "no seeds in {}", dir.display());
 }
 
 #[test]

@@ -2,10 +2,8 @@
 //! the cargo-fuzz targets run (see `fuzz/README.md`), plus a few hundred
 //! random inputs per harness. Stable Rust, no fuzzer needed.
 
-use std::path::Path;
-
 use kvslice_core::fuzzing;
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{self, Rng};
 
 type Harness = fn(&[u8]);
 
@@ -19,19 +17,10 @@ const HARNESSES: [(&str, Harness); 5] = [
 
 #[test]
 fn corpora_replay_cleanly() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
     for (name, harness) in HARNESSES {
-        let dir = root.join(name);
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        assert!(!files.is_empty(), "{name}: no seed corpus");
         // Under Miri, which interprets every step, the first few seeds.
-        let take = if cfg!(miri) { 3 } else { files.len() };
-        for f in files.into_iter().take(take) {
-            let data = std::fs::read(&f).unwrap();
+        let take = if cfg!(miri) { 3 } else { usize::MAX };
+        for (_, data) in testkit::fuzz_seeds(name, 1).into_iter().take(take) {
             harness(&data);
         }
     }

@@ -2,19 +2,12 @@
 //! committed seeds and on random inputs: stable Rust, no fuzzer needed.
 
 use kvslice_capi::fuzzing;
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{Rng, fuzz_seeds};
 
 #[test]
 fn seeds_replay_cleanly() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/capi");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no seeds in {}", dir.display());
-    for f in files {
-        fuzzing::calls(&std::fs::read(&f).unwrap());
+    for (_, data) in fuzz_seeds("capi", 1) {
+        fuzzing::calls(&data);
     }
 }
 

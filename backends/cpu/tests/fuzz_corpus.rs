@@ -1,20 +1,14 @@
 //! The attention fuzz corpus, replayed through the harness the fuzz target
 //! runs, plus random inputs.
 
-use std::path::Path;
-
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{Rng, fuzz_seeds};
 use kvslice_cpu::fuzzing::attention;
 
 #[test]
 fn attention_corpus_replays_cleanly() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/attention");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        attention(&std::fs::read(entry.unwrap().path()).unwrap());
-        n += 1;
+    for (_, data) in fuzz_seeds("attention", 1) {
+        attention(&data);
     }
-    assert!(n > 0, "no seeds in {}", dir.display());
 }
 
 #[test]

@@ -3,23 +3,14 @@
 //! fuzzer needed.
 
 use kvslice_core::events::{KvEvent, Medium};
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{Rng, fuzz_seeds};
 use kvslice_core::{BlockHash, SliceKey};
 use kvslice_events::{fuzzing, wire};
 
 #[test]
 fn seeds_replay_cleanly() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/events_wire");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(files.len() >= 3, "too few seeds in {}", dir.display());
     let mut accepted = 0;
-    for f in files {
-        let data = std::fs::read(&f).unwrap();
+    for (_, data) in fuzz_seeds("events_wire", 3) {
         accepted += usize::from(wire::decode(&data).is_ok());
         fuzzing::payload(&data);
     }

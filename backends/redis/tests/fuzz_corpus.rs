@@ -3,7 +3,7 @@
 //! real values with bytes flipped, cut or added: stable Rust, no fuzzer
 //! needed, no Redis.
 
-use kvslice_core::testkit::Rng;
+use kvslice_core::testkit::{Rng, fuzz_seeds};
 use kvslice_core::{BlockHash, KvDtype, KvLayout, LayoutSpec, SliceKey};
 use kvslice_redis::{fuzzing, value};
 
@@ -18,17 +18,8 @@ const HARNESSES: [(&str, Harness); 2] = [
 #[test]
 fn seeds_and_random_inputs_pass_the_harnesses() {
     for (i, (name, harness)) in HARNESSES.into_iter().enumerate() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../fuzz/corpus")
-            .join(name);
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        assert!(files.len() >= 3, "too few seeds in {}", dir.display());
-        for f in files {
-            harness(&std::fs::read(&f).unwrap());
+        for (_, data) in fuzz_seeds(name, 3) {
+            harness(&data);
         }
         let mut rng = Rng::new(38 + i as u64);
         for _ in 0..2000 {

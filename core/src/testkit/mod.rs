@@ -1,6 +1,7 @@
 //! Shared test support (feature `testkit`): a small deterministic RNG,
-//! random paged scenarios, a dense f64 attention oracle, and a request
-//! served against a store ([`serve_blocks`]).
+//! random paged scenarios, a dense f64 attention oracle, a request served
+//! against a store ([`serve_blocks`]), and (with `std`) the committed fuzz
+//! seeds ([`fuzz_seeds`]).
 //!
 //! Every backend's accuracy suite builds a [`Scenario`], runs its engine
 //! over it and compares with [`Scenario::naive_f64`], so all backends are
@@ -21,9 +22,13 @@
 //! # Ok::<(), kvslice_core::Error>(())
 //! ```
 
+#[cfg(feature = "std")]
+mod corpus;
 mod edge_cases;
 mod serve;
 
+#[cfg(feature = "std")]
+pub use corpus::{fuzz_corpus_dir, fuzz_seeds};
 pub use edge_cases::{EdgeCase, Outcome, edge_cases};
 pub use serve::serve_blocks;
 
