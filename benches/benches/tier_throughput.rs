@@ -261,9 +261,13 @@ fn redis_benchmark(
 /// here, more than the sink could, so each kind gets an early and a late
 /// one.
 fn hit_path(tier: &RedisTier) {
-    let small = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F16)).expect("layout");
-    let plain = || CacheStore::new(small, 64, LruPolicy::new(64)).expect("store");
-    let tiered = || plain().with_spill(Box::new(tier.sink()));
+    // The tier's layout: a sink refuses a store of another.
+    let plain = || CacheStore::new(layout(), 64, LruPolicy::new(64)).expect("store");
+    let tiered = || {
+        plain()
+            .with_spill(Box::new(tier.sink()))
+            .expect("the tier's layout")
+    };
     let (p1, t1, t2, p2) = (plain(), tiered(), tiered(), plain());
     let keys: Vec<SliceKey> = (0..32).map(|i| key(9, i)).collect();
     for s in [&p1, &t1, &t2, &p2] {

@@ -211,7 +211,7 @@ pub fn tier_replay(
                     CacheStore::new(layout, cfg.capacity_blocks, policy(cfg.capacity_blocks)?)?;
                 // Write-through spills on publish; otherwise on evict.
                 Ok(match &tier {
-                    Some(t) if !t.config().write_through => store.with_spill(Box::new(t.sink())),
+                    Some(t) if !t.config().write_through => store.with_spill(Box::new(t.sink()))?,
                     _ => store,
                 })
             })

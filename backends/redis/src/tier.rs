@@ -68,7 +68,7 @@ struct Shared {
 /// let layout = KvLayout::new(LayoutSpec::new(30, 9, 3, 64, 16, KvDtype::F16))?;
 /// let tier = RedisTier::open(layout, TierConfig::new("redis://127.0.0.1:7000"))?;
 /// let store = CacheStore::new(layout, 1000, DensityPolicy::new(1000))?
-///     .with_spill(Box::new(tier.sink()));
+///     .with_spill(Box::new(tier.sink()))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RedisTier {
@@ -302,6 +302,10 @@ pub struct TierSink {
 impl SpillSink for TierSink {
     fn evicted(&self, key: &SliceKey, valid_tokens: u32, page: &[u8]) {
         enqueue(&self.shared, &self.queue, key, valid_tokens, page);
+    }
+
+    fn layout(&self) -> Option<&KvLayout> {
+        Some(&self.shared.layout)
     }
 }
 

@@ -38,7 +38,7 @@ impl TieredHit {
 ///
 /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32))?;
 /// let tier = RedisTier::open(layout, TierConfig::new("redis://127.0.0.1:6379"))?;
-/// let store = CacheStore::new(layout, 64, LruPolicy::new(64))?.with_spill(Box::new(tier.sink()));
+/// let store = CacheStore::new(layout, 64, LruPolicy::new(64))?.with_spill(Box::new(tier.sink()))?;
 /// let tiered = TieredStore::new(&store, &tier)?;
 /// let keys: Vec<SliceKey> = (0..3)
 ///     .map(|i| SliceKey { block: BlockHash(100 + i), block_index: i as u32, layer_group: 0, head_shard: 0 })

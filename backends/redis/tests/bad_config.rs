@@ -97,8 +97,9 @@ fn refused_credentials_and_clusters_that_are_not_ok() {
 }
 
 /// A store whose layout is not the tier's would label its pages with the
-/// tier's layout and read fetched pages as its own: refused. Its sink
-/// drops (and counts) pages of another size.
+/// tier's layout and read fetched pages as its own: refused, as a tiered
+/// store and as the tier's spill sink (the pages are the same size). The
+/// sink drops (and counts) pages of another size.
 #[test]
 fn a_store_of_another_layout_is_refused() {
     let spec = LayoutSpec::new(1, 2, 2, 8, 4, KvDtype::F16);
@@ -114,8 +115,13 @@ fn a_store_of_another_layout_is_refused() {
         TieredStore::new(&store, &tier),
         Err(TierError::LayoutMismatch(_))
     ));
+    assert!(matches!(
+        store.with_spill(Box::new(tier.sink())),
+        Err(kvslice_core::Error::InvalidLayout(_))
+    ));
     let same = CacheStore::new(tier_layout, 4, LruPolicy::new(4)).unwrap();
     assert!(TieredStore::new(&same, &tier).is_ok());
+    assert!(same.with_spill(Box::new(tier.sink())).is_ok());
     let key = kvslice_core::SliceKey {
         block: kvslice_core::BlockHash(7),
         block_index: 0,

@@ -175,7 +175,8 @@ fn a_full_redis_refuses_spills_and_the_cache_carries_on() {
     // A replica's own cache is untouched by the tier's trouble.
     let store = CacheStore::new(layout(), 8, LruPolicy::new(8))
         .unwrap()
-        .with_spill(Box::new(tier.sink()));
+        .with_spill(Box::new(tier.sink()))
+        .unwrap();
     let (guard, req) = (store.pin(), store.begin_request());
     for i in 0..20 {
         let mut page = store.allocate(1, &guard).unwrap().pop().unwrap();
@@ -230,7 +231,8 @@ fn a_node_killed_under_a_concurrent_replay_costs_no_data_and_no_thread() {
                 s.spawn(move || {
                     let store = CacheStore::new(layout(), 16, LruPolicy::new(16))
                         .unwrap()
-                        .with_spill(Box::new(tier.sink()));
+                        .with_spill(Box::new(tier.sink()))
+                        .unwrap();
                     let tiered = TieredStore::new(&store, tier).unwrap();
                     let mut step = 0u64;
                     loop {

@@ -41,7 +41,8 @@ fn every_dtype_and_key_order_round_trips() {
             // Replica A publishes the blocks, then clears: each is spilled.
             let a = CacheStore::new(layout, 8, LruPolicy::new(8))
                 .unwrap()
-                .with_spill(Box::new(tier.sink()));
+                .with_spill(Box::new(tier.sink()))
+                .unwrap();
             {
                 let (guard, req) = (a.pin(), a.begin_request());
                 let mut refs = Vec::new();

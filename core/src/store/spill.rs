@@ -4,9 +4,10 @@
 use alloc::boxed::Box;
 
 use super::CacheStore;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::evict::EvictionPolicy;
 use crate::key::SliceKey;
+use crate::layout::KvLayout;
 use crate::pool::PageRef;
 
 /// Receives the bytes of every published block the store evicts, on the
@@ -28,7 +29,7 @@ use crate::pool::PageRef;
 ///
 /// let kept = Arc::new(Mutex::new(Vec::new()));
 /// let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32))?;
-/// let store = CacheStore::new(layout, 1, LruPolicy::new(1))?.with_spill(Box::new(Keep(kept.clone())));
+/// let store = CacheStore::new(layout, 1, LruPolicy::new(1))?.with_spill(Box::new(Keep(kept.clone())))?;
 /// let key = |i| SliceKey { block: BlockHash(i), block_index: 0, layer_group: 0, head_shard: 0 };
 /// let (guard, req) = (store.pin(), store.begin_request());
 /// for i in [7, 8] {
@@ -47,15 +48,30 @@ pub trait SpillSink: Send + Sync {
     /// Block `key`, holding `valid_tokens` tokens, is being evicted; `page`
     /// is its bytes.
     fn evicted(&self, key: &SliceKey, valid_tokens: u32, page: &[u8]);
+
+    /// The page layout the sink labels what it keeps with, if it labels
+    /// anything: [`CacheStore::with_spill`] refuses a sink of another
+    /// layout, which would keep this store's pages as pages of its own
+    /// (two layouts may share a page size, f16 and bf16 pages do). `None`,
+    /// the default, for a sink that keeps bytes as they are.
+    fn layout(&self) -> Option<&KvLayout> {
+        None
+    }
 }
 
 impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// The store, handing every published block it evicts to `sink` first
     /// (see [`SpillSink`]). Blocks whose entry another publisher replaced
-    /// are not handed over: the key is still cached.
-    pub fn with_spill(mut self, sink: Box<dyn SpillSink>) -> Self {
+    /// are not handed over: the key is still cached. Errors with
+    /// [`Error::InvalidLayout`] for a sink of another page layout.
+    pub fn with_spill(mut self, sink: Box<dyn SpillSink>) -> Result<Self> {
+        if sink.layout().is_some_and(|l| l != self.layout()) {
+            return Err(Error::InvalidLayout(
+                "a spill sink that labels pages with another layout",
+            ));
+        }
         self.spill = Some(sink);
-        self
+        Ok(self)
     }
 
     /// How many tokens of its block `page` holds (what it was published
