@@ -11,6 +11,7 @@
 //! (`MOVED`, `ASK`, `CLUSTERDOWN`) or a failed node refreshes it before
 //! the next batch.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use redis::{ConnectionAddr, Value};
@@ -184,16 +185,19 @@ impl Writer {
     }
 
     /// Takes a `CLUSTER SLOTS` answer: `[start, end, [host, port, ...],
-    /// replicas...]` per range; the first address is the master. A range
-    /// that owns no slot adds no node, so node indices fit the owner map
+    /// replicas...]` per range; the first address is the master, and a
+    /// later range overrides an earlier one's slots. Nodes are made for
+    /// the addresses that own a slot once every range is read, so there
+    /// are at most as many as slots and their indices fit the owner map,
     /// whatever the answer holds.
     pub(crate) fn apply(&mut self, seed: &redis::ConnectionInfo, map: &Value) {
-        let mut owner = vec![u16::MAX; SLOTS];
-        let mut nodes: Vec<Node> = Vec::new();
-        let mut old = std::mem::take(&mut self.nodes);
-        let Value::Array(ranges) = map else {
-            self.owner = owner;
-            return;
+        // Each slot's address, as an index into `addrs` (u32::MAX: none).
+        let mut by_slot = vec![u32::MAX; SLOTS];
+        let mut addrs: Vec<(String, u16)> = Vec::new();
+        let mut seen: HashMap<(String, u16), u32> = HashMap::new();
+        let ranges = match map {
+            Value::Array(ranges) => ranges.as_slice(),
+            _ => &[],
         };
         for range in ranges {
             let Value::Array(r) = range else { continue };
@@ -232,23 +236,41 @@ impl Writer {
             if start > end || start >= SLOTS {
                 continue;
             }
-            let addr = ConnectionAddr::Tcp(host, port);
-            let index = match nodes.iter().position(|n| *n.info.addr() == addr) {
-                Some(i) => i,
-                None => {
-                    // Keep the open connection of a node that stays.
-                    let node = match old.iter().position(|n| *n.info.addr() == addr) {
-                        Some(i) => old.swap_remove(i),
-                        None => Node::new(seed.clone().set_addr(addr)),
-                    };
-                    nodes.push(node);
-                    nodes.len() - 1
-                }
-            };
-            for o in owner.iter_mut().take(end.min(SLOTS - 1) + 1).skip(start) {
-                *o = index as u16;
-            }
+            let next = addrs.len() as u32;
+            let index = *seen.entry((host, port)).or_insert_with_key(|a| {
+                addrs.push(a.clone());
+                next
+            });
+            by_slot[start..=end.min(SLOTS - 1)].fill(index);
         }
+        // The nodes, in order of their first slot, keeping the open
+        // connection of a node that stays.
+        let mut old: HashMap<(String, u16), Node> = std::mem::take(&mut self.nodes)
+            .into_iter()
+            .filter_map(|n| match n.info.addr() {
+                ConnectionAddr::Tcp(h, p) => Some(((h.clone(), *p), n)),
+                _ => None,
+            })
+            .collect();
+        let mut node_of = vec![u16::MAX; addrs.len()];
+        let mut nodes: Vec<Node> = Vec::new();
+        let owner = by_slot
+            .iter()
+            .map(|&a| {
+                let Some(node) = node_of.get_mut(a as usize) else {
+                    return u16::MAX;
+                };
+                if *node == u16::MAX {
+                    // At most one node per slot: below u16::MAX.
+                    *node = nodes.len() as u16;
+                    let (host, port) = addrs[a as usize].clone();
+                    nodes.push(old.remove(&(host.clone(), port)).unwrap_or_else(|| {
+                        Node::new(seed.clone().set_addr(ConnectionAddr::Tcp(host, port)))
+                    }));
+                }
+                *node
+            })
+            .collect();
         self.nodes = nodes;
         self.owner = owner;
     }
@@ -261,6 +283,11 @@ impl Writer {
     pub(crate) fn owner_of(&self, slot: usize) -> Option<&ConnectionAddr> {
         let node = *self.owner.get(slot)?;
         self.nodes.get(usize::from(node)).map(|n| n.info.addr())
+    }
+
+    /// The node index `slot` maps to (`u16::MAX`: none), as stored.
+    pub(crate) fn owner_index(&self, slot: usize) -> u16 {
+        self.owner.get(slot).copied().unwrap_or(u16::MAX)
     }
 
     /// Every node's address, in index order.
@@ -415,6 +442,36 @@ mod tests {
             w.owner_of(0),
             Some(&ConnectionAddr::Tcp("owner".into(), 7000))
         );
+    }
+
+    /// The same, with ranges that each own slot 0 when read and lose it to
+    /// the next: only the last range's node is made, with the last index.
+    #[test]
+    fn ranges_overridden_later_add_no_node() {
+        let seed = redis::Client::open("redis://127.0.0.1:7000/")
+            .unwrap()
+            .get_connection_info()
+            .clone();
+        let ranges: Vec<Value> = (0..70_000)
+            .map(|i| {
+                Value::Array(vec![
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Array(vec![
+                        Value::BulkString(format!("h{i}").into_bytes()),
+                        Value::Int(7000),
+                    ]),
+                ])
+            })
+            .collect();
+        let mut w = Writer::new(true);
+        w.apply(&seed, &Value::Array(ranges));
+        assert_eq!(w.node_addrs().len(), 1);
+        assert_eq!(
+            w.owner_of(0),
+            Some(&ConnectionAddr::Tcp("h69999".into(), 7000))
+        );
+        assert_eq!(w.owner_of(1), None);
     }
 
     #[test]

@@ -50,8 +50,8 @@ struct Range {
 
 /// Applies `data` as slot maps to a writer. With an odd first byte the rest
 /// is RESP, parsed as redis-rs parses a reply: whatever it holds, every
-/// slot ends owned by a known node or by none, and there are at most as
-/// many nodes as slots. Otherwise the bytes build two maps of up to eight
+/// slot ends owned by a known node or by none, and every node owns a
+/// slot. Otherwise the bytes build two maps of up to eight
 /// ranges each, applied one after the other (a refresh): after each, every
 /// slot is owned as the last range naming it says.
 pub fn slot_map(data: &[u8]) {
@@ -80,19 +80,24 @@ pub fn slot_map(data: &[u8]) {
     }
 }
 
-/// Every slot's owner is a node of the writer; nodes are distinct, and no
-/// more than the slots.
+/// Every slot is owned by an index of one of the writer's nodes, or by
+/// none; nodes are distinct, each owns a slot, and there are no more of
+/// them than slots.
 fn check_nodes(w: &Writer) {
     let nodes = w.node_addrs();
     assert!(nodes.len() <= SLOTS, "{} nodes", nodes.len());
     for (i, a) in nodes.iter().enumerate() {
         assert!(!nodes[..i].contains(a), "{a:?} twice");
     }
+    let mut owns = vec![false; nodes.len()];
     for slot in 0..SLOTS {
-        if let Some(a) = w.owner_of(slot) {
-            assert!(nodes.contains(&a), "slot {slot}");
+        let i = w.owner_index(slot);
+        if i != u16::MAX {
+            assert!(usize::from(i) < nodes.len(), "slot {slot}: node {i}");
+            owns[usize::from(i)] = true;
         }
     }
+    assert!(owns.iter().all(|&o| o), "a node that owns no slot");
 }
 
 fn range(u: &mut Unstructured<'_>) -> Range {
