@@ -185,15 +185,18 @@ pub fn sequence_table(data: &[u8]) {
                         let want = take_before(&mut s.pages, gone);
                         assert_eq!(got, Ok(want.len()));
                         assert_eq!(from_fixed, want);
-                        // What stays of the blocks up to the next token's
-                        // is at most the window's blocks and one more.
-                        let kept = s
-                            .pages
-                            .iter()
-                            .take(s.len / bt + 1)
-                            .filter(|p| **p != PageId::PLACEHOLDER)
-                            .count();
-                        assert!(kept <= (window as usize).div_ceil(bt) + 1, "{kept}");
+                        // What the tables keep of the blocks up to the
+                        // next token's is at most the window's blocks and
+                        // one more.
+                        for table in [heap.block_table(seq), fixed.block_table(seq)] {
+                            let kept = table
+                                .expect("known")
+                                .iter()
+                                .take(s.len / bt + 1)
+                                .filter(|p| **p != PageId::PLACEHOLDER)
+                                .count();
+                            assert!(kept <= (window as usize).div_ceil(bt) + 1, "{kept}");
+                        }
                     }
                 }
                 record(&mut released, &from_fixed);
