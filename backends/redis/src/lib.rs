@@ -5,7 +5,7 @@
 //! share one tier:
 //!
 //! - **Spill on evict.** A store built with
-//!   [`with_spill`](kvslice_core::CacheStore::with_spill)`(Box::new(tier.sink()))`
+//!   [`with_spill`](kvslice_core::CacheStore::with_spill)`(Box::new(tier.sink()))?`
 //!   copies each evicted block into a bounded queue; writer threads (two
 //!   by default) write the queue to Redis in pipelines. Eviction never waits on the network: a
 //!   full queue drops the spill and counts it. With

@@ -60,7 +60,7 @@ impl<'a, E: EvictionPolicy> TieredStore<'a, E> {
     /// `store` with `tier` behind it; the two must share a layout, or
     /// pages would be labelled and read as the wrong one.
     pub fn new(store: &'a CacheStore<'static, E>, tier: &'a RedisTier) -> Result<Self, TierError> {
-        if store.layout() != tier.layout() {
+        if !store.layout().same_pages(tier.layout()) {
             return Err(TierError::LayoutMismatch(format!(
                 "store {:?}, tier {:?}",
                 store.layout().spec(),

@@ -431,6 +431,28 @@ impl KvLayout {
         }
     }
 
+    /// Whether a page of `other` holds the same values at the same bytes
+    /// as a page of this layout: the same fingerprint and page size, however
+    /// the specs spell it (a group of every layer is
+    /// [`LayerGrouping::AllLayers`]). What a tier or spill sink must share
+    /// with a store.
+    ///
+    /// ```
+    /// use kvslice_core::{KeyOrder, KvDtype, KvLayout, LayerGrouping, LayoutSpec};
+    ///
+    /// let spec = LayoutSpec::new(2, 2, 2, 8, 4, KvDtype::F16);
+    /// let all = KvLayout::new(spec)?;
+    /// let two = KvLayout::new(spec.with_grouping(LayerGrouping::Groups(2)))?;
+    /// let dim = KvLayout::new(spec.with_key_order(KeyOrder::DimMajor))?;
+    /// assert!(all.same_pages(&two));
+    /// assert!(!all.same_pages(&dim)); // the same size, another order
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn same_pages(&self, other: &KvLayout) -> bool {
+        self.fingerprint_words() == other.fingerprint_words()
+            && self.page_bytes() == other.page_bytes()
+    }
+
     /// Every field that changes what a page holds, mixed into the root of
     /// every key chain so that pages of different layouts never share a key.
     pub fn fingerprint_words(&self) -> [u32; 9] {

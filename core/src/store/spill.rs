@@ -63,9 +63,11 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// The store, handing every published block it evicts to `sink` first
     /// (see [`SpillSink`]). Blocks whose entry another publisher replaced
     /// are not handed over: the key is still cached. Errors with
-    /// [`Error::InvalidLayout`] for a sink of another page layout.
+    /// [`Error::InvalidLayout`] for a sink of another page layout (one
+    /// whose pages mean something else: another fingerprint or size), and
+    /// the store is dropped then.
     pub fn with_spill(mut self, sink: Box<dyn SpillSink>) -> Result<Self> {
-        if sink.layout().is_some_and(|l| l != self.layout()) {
+        if sink.layout().is_some_and(|l| !l.same_pages(self.layout())) {
             return Err(Error::InvalidLayout(
                 "a spill sink that labels pages with another layout",
             ));
@@ -79,5 +81,45 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     pub fn valid_tokens(&self, page: &PageRef<'_, 'm>) -> Result<u32> {
         self.check_ours(page.pool(), "page from another store")?;
         Ok(self.meta(page.handle().id()).valid_tokens())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KeyOrder, KvDtype, LayerGrouping, LayoutSpec, LruPolicy};
+
+    /// A sink that labels pages with `0`'s layout and keeps nothing.
+    struct Labelled(KvLayout);
+
+    impl SpillSink for Labelled {
+        fn evicted(&self, _: &SliceKey, _: u32, _: &[u8]) {}
+        fn layout(&self) -> Option<&KvLayout> {
+            Some(&self.0)
+        }
+    }
+
+    /// A sink of another layout whose pages are the same size is refused;
+    /// one whose pages mean the same (two spellings of one grouping) or
+    /// that labels nothing is taken.
+    #[test]
+    fn a_sink_of_another_layout_is_refused() {
+        let spec = LayoutSpec::new(2, 2, 2, 8, 4, KvDtype::F16);
+        let layout = KvLayout::new(spec).unwrap();
+        let store = || CacheStore::new(layout, 2, LruPolicy::new(2)).unwrap();
+        let others = [
+            spec.with_key_order(KeyOrder::DimMajor),
+            LayoutSpec::new(2, 2, 2, 8, 4, KvDtype::Bf16),
+        ];
+        for other in others.map(|s| KvLayout::new(s).unwrap()) {
+            assert_eq!(other.page_bytes(), layout.page_bytes());
+            assert!(matches!(
+                store().with_spill(Box::new(Labelled(other))),
+                Err(Error::InvalidLayout(_))
+            ));
+        }
+        let respelled = KvLayout::new(spec.with_grouping(LayerGrouping::Groups(2))).unwrap();
+        assert!(store().with_spill(Box::new(Labelled(respelled))).is_ok());
+        assert!(store().with_spill(Box::new(Labelled(layout))).is_ok());
     }
 }
