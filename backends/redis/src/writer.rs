@@ -360,6 +360,14 @@ fn pack_set(buf: &mut Vec<u8>, scratch: &mut String, item: &Item<'_>, ttl_ms: Op
 mod tests {
     use super::*;
 
+    /// The node a slot map is read from, in the tests below.
+    fn seed() -> redis::ConnectionInfo {
+        redis::Client::open("redis://127.0.0.1:7000/")
+            .unwrap()
+            .get_connection_info()
+            .clone()
+    }
+
     #[test]
     fn slots_match_redis_cluster_spec() {
         // The spec's CRC-16 check value, and keys whose slots Redis prints.
@@ -387,10 +395,6 @@ mod tests {
     /// seed's host; one whose endpoint is "?" leaves its slots unowned.
     #[test]
     fn slot_maps_resolve_unnamed_endpoints_to_the_seed() {
-        let seed = redis::Client::open("redis://127.0.0.1:7000/")
-            .unwrap()
-            .get_connection_info()
-            .clone();
         let range = |start: i64, end: i64, host: Value, port: i64| {
             Value::Array(vec![
                 Value::Int(start),
@@ -404,7 +408,7 @@ mod tests {
             range(200, 299, Value::BulkString(b"?".to_vec()), 7002),
         ]);
         let mut w = Writer::new(true);
-        w.apply(&seed, &map);
+        w.apply(&seed(), &map);
         let addr = |slot: usize| w.nodes[w.owner[slot] as usize].info.addr().clone();
         assert_eq!(addr(0), ConnectionAddr::Tcp("127.0.0.1".into(), 7000));
         assert_eq!(addr(150), ConnectionAddr::Tcp("127.0.0.1".into(), 7001));
@@ -417,10 +421,6 @@ mod tests {
     /// (with a node each, its index wrapped to another node's).
     #[test]
     fn ranges_that_own_no_slot_add_no_node() {
-        let seed = redis::Client::open("redis://127.0.0.1:7000/")
-            .unwrap()
-            .get_connection_info()
-            .clone();
         let range = |start: i64, end: i64, host: String| {
             Value::Array(vec![
                 Value::Int(start),
@@ -436,7 +436,7 @@ mod tests {
             .collect();
         ranges.push(range(0, 16383, "owner".into()));
         let mut w = Writer::new(true);
-        w.apply(&seed, &Value::Array(ranges));
+        w.apply(&seed(), &Value::Array(ranges));
         assert_eq!(w.node_addrs().len(), 1);
         assert_eq!(
             w.owner_of(0),
@@ -448,10 +448,6 @@ mod tests {
     /// the next: only the last range's node is made, with the last index.
     #[test]
     fn ranges_overridden_later_add_no_node() {
-        let seed = redis::Client::open("redis://127.0.0.1:7000/")
-            .unwrap()
-            .get_connection_info()
-            .clone();
         let ranges: Vec<Value> = (0..70_000)
             .map(|i| {
                 Value::Array(vec![
@@ -465,7 +461,7 @@ mod tests {
             })
             .collect();
         let mut w = Writer::new(true);
-        w.apply(&seed, &Value::Array(ranges));
+        w.apply(&seed(), &Value::Array(ranges));
         assert_eq!(w.node_addrs().len(), 1);
         assert_eq!(
             w.owner_of(0),
