@@ -368,6 +368,20 @@ mod tests {
             .clone()
     }
 
+    /// One `CLUSTER SLOTS` range whose master is `host`:`port`.
+    fn range(start: i64, end: i64, host: Value, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![host, Value::Int(port)]),
+        ])
+    }
+
+    /// A host name as a reply carries it.
+    fn name(host: &str) -> Value {
+        Value::BulkString(host.as_bytes().to_vec())
+    }
+
     #[test]
     fn slots_match_redis_cluster_spec() {
         // The spec's CRC-16 check value, and keys whose slots Redis prints.
@@ -395,17 +409,10 @@ mod tests {
     /// seed's host; one whose endpoint is "?" leaves its slots unowned.
     #[test]
     fn slot_maps_resolve_unnamed_endpoints_to_the_seed() {
-        let range = |start: i64, end: i64, host: Value, port: i64| {
-            Value::Array(vec![
-                Value::Int(start),
-                Value::Int(end),
-                Value::Array(vec![host, Value::Int(port)]),
-            ])
-        };
         let map = Value::Array(vec![
             range(0, 99, Value::Nil, 7000),
             range(100, 199, Value::BulkString(Vec::new()), 7001),
-            range(200, 299, Value::BulkString(b"?".to_vec()), 7002),
+            range(200, 299, name("?"), 7002),
         ]);
         let mut w = Writer::new(true);
         w.apply(&seed(), &map);
@@ -421,20 +428,13 @@ mod tests {
     /// (with a node each, its index wrapped to another node's).
     #[test]
     fn ranges_that_own_no_slot_add_no_node() {
-        let range = |start: i64, end: i64, host: String| {
-            Value::Array(vec![
-                Value::Int(start),
-                Value::Int(end),
-                Value::Array(vec![Value::BulkString(host.into_bytes()), Value::Int(7000)]),
-            ])
-        };
         let mut ranges: Vec<Value> = (0..70_000)
             .map(|i| {
                 let (start, end) = if i % 2 == 0 { (5, 4) } else { (20_000, 20_001) };
-                range(start, end, format!("empty{i}"))
+                range(start, end, name(&format!("empty{i}")), 7000)
             })
             .collect();
-        ranges.push(range(0, 16383, "owner".into()));
+        ranges.push(range(0, 16383, name("owner"), 7000));
         let mut w = Writer::new(true);
         w.apply(&seed(), &Value::Array(ranges));
         assert_eq!(w.node_addrs().len(), 1);
@@ -449,16 +449,7 @@ mod tests {
     #[test]
     fn ranges_overridden_later_add_no_node() {
         let ranges: Vec<Value> = (0..70_000)
-            .map(|i| {
-                Value::Array(vec![
-                    Value::Int(0),
-                    Value::Int(0),
-                    Value::Array(vec![
-                        Value::BulkString(format!("h{i}").into_bytes()),
-                        Value::Int(7000),
-                    ]),
-                ])
-            })
+            .map(|i| range(0, 0, name(&format!("h{i}")), 7000))
             .collect();
         let mut w = Writer::new(true);
         w.apply(&seed(), &Value::Array(ranges));
