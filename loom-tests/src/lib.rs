@@ -1,6 +1,7 @@
-//! loom models of kvslice's lock-free protocols (kvslice-core's, and the
-//! CPU backend's work sharing). For using kvslice rather than checking it,
-//! start with the embedding guide, `docs/GUIDE.md` in the repository.
+//! loom models of kvslice's lock-free protocols (kvslice-core's, the CPU
+//! backend's work sharing and the C ABI's page-memory claim). For using
+//! kvslice rather than checking it, start with the embedding guide,
+//! `docs/GUIDE.md` in the repository.
 //!
 //! Run them exhaustively (within loom's preemption bound) with
 //!

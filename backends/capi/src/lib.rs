@@ -66,6 +66,8 @@
 //! ```
 
 mod args;
+#[doc(hidden)]
+pub mod claim;
 mod coordinator;
 mod engine;
 mod events;

@@ -2,8 +2,8 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::claim::ClaimFlag;
 use crate::handles::{self, Object};
 use crate::status::{Failure, KvsStatus, Outcome, call};
 use crate::{KvsMemory, args};
@@ -12,8 +12,9 @@ use crate::{KvsMemory, args};
 pub(crate) struct Memory {
     ptr: *mut u8,
     len: usize,
-    /// Set while a store's pool lives in these bytes.
-    in_use: AtomicBool,
+    /// Held while a store's pool lives in these bytes; taken for good
+    /// by `kvs_memory_destroy`.
+    in_use: ClaimFlag,
 }
 
 // SAFETY: `Memory` only carries the address; the bytes are reached through
@@ -29,7 +30,7 @@ pub(crate) struct Claim(Arc<Memory>);
 impl Memory {
     /// The bytes, for the one store that claims them.
     pub(crate) fn claim(self: &Arc<Self>) -> Outcome<(Claim, &'static mut [u8])> {
-        if self.in_use.swap(true, Ordering::AcqRel) {
+        if !self.in_use.try_claim() {
             return Err(Failure::new(
                 KvsStatus::Busy,
                 "this page memory is already used by another store",
@@ -48,7 +49,7 @@ impl Memory {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.0.in_use.store(false, Ordering::Release);
+        self.0.in_use.release();
     }
 }
 
@@ -87,7 +88,7 @@ pub unsafe extern "C" fn kvs_memory_wrap(
         let memory = Arc::new(Memory {
             ptr: ptr.cast(),
             len,
-            in_use: AtomicBool::new(false),
+            in_use: ClaimFlag::new(),
         });
         let id = handles::insert(Object::Memory(memory))?;
         // SAFETY: checked non-null and aligned above; the caller promises
@@ -106,15 +107,13 @@ pub extern "C" fn kvs_memory_destroy(memory: KvsMemory) -> KvsStatus {
             // Claimed for good on success, so that a store made on
             // another thread meanwhile cannot take the memory either.
             Object::Memory(m) => {
-                match m
-                    .in_use
-                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                {
-                    Ok(_) => Ok(true),
-                    Err(_) => Err(Failure::new(
+                if m.in_use.try_claim() {
+                    Ok(true)
+                } else {
+                    Err(Failure::new(
                         KvsStatus::Busy,
                         "a store still uses this page memory: destroy the store (and end its requests) first",
-                    )),
+                    ))
                 }
             }
             _ => Ok(false),
