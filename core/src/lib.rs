@@ -101,7 +101,9 @@ pub use pool::{
     PageView, RefToken,
 };
 pub use sequence::{FixedSequenceMap, SeqId, SequenceMap, SequenceTable, first_kept_block};
-pub use store::{CacheStore, Priority, RequestTicket, SpillSink, StoreStats, WindowHit};
+pub use store::{
+    CacheStore, Priority, RequestTicket, SpillRefused, SpillSink, StoreStats, WindowHit,
+};
 
 /// The README's example runs as a doctest.
 #[cfg(doctest)]

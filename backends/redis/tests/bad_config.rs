@@ -115,10 +115,13 @@ fn a_store_of_another_layout_is_refused() {
         TieredStore::new(&store, &tier),
         Err(TierError::LayoutMismatch(_))
     ));
+    let refused = store.with_spill(Box::new(tier.sink())).unwrap_err();
     assert!(matches!(
-        store.with_spill(Box::new(tier.sink())),
-        Err(kvslice_core::Error::InvalidLayout(_))
+        refused.error,
+        kvslice_core::Error::InvalidLayout(_)
     ));
+    // The store comes back, still usable.
+    assert_eq!(refused.store.layout(), &other);
     let same = CacheStore::new(tier_layout, 4, LruPolicy::new(4)).unwrap();
     assert!(TieredStore::new(&same, &tier).is_ok());
     assert!(same.with_spill(Box::new(tier.sink())).is_ok());

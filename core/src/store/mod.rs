@@ -38,7 +38,7 @@ use crossbeam_epoch::{Collector, Guard};
 
 pub use meta::Priority;
 pub use request::RequestTicket;
-pub use spill::SpillSink;
+pub use spill::{SpillRefused, SpillSink};
 pub use stats::StoreStats;
 pub use window::WindowHit;
 

@@ -59,18 +59,82 @@ pub trait SpillSink: Send + Sync {
     }
 }
 
+/// A spill sink [`CacheStore::with_spill`] refused: the store and the sink
+/// as they were, and why.
+pub struct SpillRefused<'m, E: EvictionPolicy> {
+    /// The store, without a sink.
+    pub store: CacheStore<'m, E>,
+    /// The sink it refused.
+    pub sink: Box<dyn SpillSink>,
+    /// [`Error::InvalidLayout`].
+    pub error: Error,
+}
+
+impl<E: EvictionPolicy> core::fmt::Debug for SpillRefused<'_, E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SpillRefused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: EvictionPolicy> core::fmt::Display for SpillRefused<'_, E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "spill sink refused: {}", self.error)
+    }
+}
+
+impl<E: EvictionPolicy> core::error::Error for SpillRefused<'_, E> {}
+
+impl<E: EvictionPolicy> From<SpillRefused<'_, E>> for Error {
+    fn from(refused: SpillRefused<'_, E>) -> Self {
+        refused.error
+    }
+}
+
 impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// The store, handing every published block it evicts to `sink` first
     /// (see [`SpillSink`]). Blocks whose entry another publisher replaced
-    /// are not handed over: the key is still cached. Errors with
-    /// [`Error::InvalidLayout`] for a sink of another page layout (one
-    /// whose pages mean something else: another fingerprint or size), and
-    /// the store is dropped then.
-    pub fn with_spill(mut self, sink: Box<dyn SpillSink>) -> Result<Self> {
+    /// are not handed over: the key is still cached. Refuses a sink of
+    /// another page layout (one whose pages mean something else: another
+    /// fingerprint or size) with [`SpillRefused`], which hands back the
+    /// store and the sink as they were; `?` turns it into its
+    /// [`Error::InvalidLayout`].
+    ///
+    /// ```
+    /// use kvslice_core::{CacheStore, Error, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey, SpillSink};
+    ///
+    /// struct Labelled(KvLayout);
+    /// impl SpillSink for Labelled {
+    ///     fn evicted(&self, _: &SliceKey, _: u32, _: &[u8]) {}
+    ///     fn layout(&self) -> Option<&KvLayout> {
+    ///         Some(&self.0)
+    ///     }
+    /// }
+    ///
+    /// let f16 = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F16))?;
+    /// let bf16 = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::Bf16))?;
+    /// let store = CacheStore::new(f16, 4, LruPolicy::new(4))?;
+    /// // Same page size, other pages: refused, and nothing is lost.
+    /// let refused = store.with_spill(Box::new(Labelled(bf16))).unwrap_err();
+    /// assert!(matches!(refused.error, Error::InvalidLayout(_)));
+    /// let store = refused.store.with_spill(Box::new(Labelled(f16)))?;
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    #[allow(
+        clippy::result_large_err,
+        reason = "the error holds the store, as large as the Ok variant"
+    )]
+    pub fn with_spill(
+        mut self,
+        sink: Box<dyn SpillSink>,
+    ) -> core::result::Result<Self, SpillRefused<'m, E>> {
         if sink.layout().is_some_and(|l| !l.same_pages(self.layout())) {
-            return Err(Error::InvalidLayout(
-                "a spill sink that labels pages with another layout",
-            ));
+            return Err(SpillRefused {
+                store: self,
+                sink,
+                error: Error::InvalidLayout("a spill sink that labels pages with another layout"),
+            });
         }
         self.spill = Some(sink);
         Ok(self)
@@ -119,10 +183,12 @@ mod tests {
         ];
         for other in others.map(|s| KvLayout::new(s).unwrap()) {
             assert_eq!(other.page_bytes(), layout.page_bytes());
-            assert!(matches!(
-                store().with_spill(Box::new(Labelled(other))),
-                Err(Error::InvalidLayout(_))
-            ));
+            let refused = store().with_spill(Box::new(Labelled(other))).unwrap_err();
+            assert!(matches!(refused.error, Error::InvalidLayout(_)));
+            // Handed back as they were: the store without a sink, the sink
+            // with its layout.
+            assert!(refused.store.spill.is_none());
+            assert_eq!(refused.sink.layout(), Some(&other));
         }
         let respelled = KvLayout::new(spec.with_grouping(LayerGrouping::Groups(2))).unwrap();
         assert!(store().with_spill(Box::new(Labelled(respelled))).is_ok());
