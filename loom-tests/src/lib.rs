@@ -13,6 +13,15 @@
 //! Without the cfg, the same models run as ordinary tests: each is executed
 //! [`PLAIN_RUNS`] times on real threads, so `cargo test --workspace` keeps
 //! them compiling and catches gross breakage, though only loom proves them.
+//!
+//! Page bytes are checked too: under the cfg the pool gives each page a
+//! loom cell that every slice of its bytes goes through (`bytes`,
+//! `bytes_mut`), and every guard's end (the last moment its slices were
+//! usable). So a model fails when the page lifecycle's atomics do not order
+//! a reader's accesses before a later writer's: a compare-exchange of the
+//! page state without `Release` fails `release_races_eviction` and
+//! `a_publish_races_an_eviction_that_is_undone`, and passed every model
+//! when only the bytes' values were asserted.
 
 #[cfg(kvslice_loom)]
 pub use loom::sync::atomic::{AtomicU32, Ordering};

@@ -105,6 +105,8 @@ impl<'p, 'm> PageMut<'p, 'm> {
     /// Makes the page immutable and shareable, keeping this reference.
     pub fn publish(self) -> PageRef<'p, 'm> {
         let this = ManuallyDrop::new(self);
+        // The writer's last moment with the bytes.
+        this.pool.storage.track(this.handle.index, true);
         this.pool
             .transition(this.handle, |s| {
                 (s.life == Life::Filling).then_some((Life::Cached, s.refs))
@@ -120,6 +122,7 @@ impl<'p, 'm> PageMut<'p, 'm> {
 impl Drop for PageMut<'_, '_> {
     #[inline]
     fn drop(&mut self) {
+        self.pool.storage.track(self.handle.index, true);
         self.pool.free_filling(self.handle);
     }
 }
@@ -188,6 +191,7 @@ impl<'p, 'm> PageRef<'p, 'm> {
 impl Drop for PageRef<'_, '_> {
     #[inline]
     fn drop(&mut self) {
+        self.pool.storage.track(self.handle.index, false);
         self.pool.release_held(self.handle);
     }
 }

@@ -15,6 +15,10 @@ pub(crate) struct Storage<'m> {
     page_bytes: usize,
     owned: bool,
     _borrow: PhantomData<&'m mut [u8]>,
+    /// Under loom, one cell per page that every access to its bytes goes
+    /// through (see [`Storage::track`]).
+    #[cfg(kvslice_loom)]
+    access: Box<[loom::cell::UnsafeCell<()>]>,
 }
 
 // SAFETY: `Storage` is a uniquely owned or uniquely borrowed byte region;
@@ -44,6 +48,8 @@ impl Storage<'static> {
             page_bytes,
             owned: true,
             _borrow: PhantomData,
+            #[cfg(kvslice_loom)]
+            access: access_cells(lines * ALIGN, page_bytes),
         }
     }
 }
@@ -53,12 +59,16 @@ impl<'m> Storage<'m> {
     /// them to [`ALIGN`].
     pub(crate) fn borrow(bytes: &'m mut [u8], page_bytes: usize) -> Self {
         debug_assert!(bytes.is_empty() || bytes.as_ptr().align_offset(ALIGN) == 0);
+        #[cfg(kvslice_loom)]
+        let access = access_cells(bytes.len(), page_bytes);
         Self {
             len: bytes.len(),
             base: NonNull::from(bytes).cast::<u8>(),
             page_bytes,
             owned: false,
             _borrow: PhantomData,
+            #[cfg(kvslice_loom)]
+            access,
         }
     }
 
@@ -72,9 +82,31 @@ impl<'m> Storage<'m> {
         self.base.as_ptr().wrapping_add(offset)
     }
 
+    /// Tells loom that page `index`'s bytes are read (`write` false) or
+    /// written now: an access the page lifecycle does not order after
+    /// every conflicting one (a write against anything, on another thread)
+    /// fails the model. The guards call it for each slice they hand out
+    /// and when they go (the last moment their slices were usable). Does
+    /// nothing outside loom.
+    #[inline(always)]
+    pub(crate) fn track(&self, index: u32, write: bool) {
+        #[cfg(kvslice_loom)]
+        {
+            let cell = &self.access[index as usize];
+            if write {
+                cell.with_mut(|_| ());
+            } else {
+                cell.with(|_| ());
+            }
+        }
+        #[cfg(not(kvslice_loom))]
+        let _ = (index, write);
+    }
+
     /// # Safety
     /// No `&mut` to page `index` may exist while the returned slice lives.
     pub(crate) unsafe fn page(&self, index: u32) -> &[u8] {
+        self.track(index, false);
         let ptr = self.page_ptr(index);
         // SAFETY: `ptr..ptr + page_bytes` lies inside the region (checked in
         // `page_ptr`), the region is valid for `'m`, and the caller promises
@@ -87,11 +119,20 @@ impl<'m> Storage<'m> {
     /// returned slice lives.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn page_mut(&self, index: u32) -> &mut [u8] {
+        self.track(index, true);
         let ptr = self.page_ptr(index);
         // SAFETY: in bounds as above; the caller promises exclusive access,
         // and pages never overlap, so this aliases nothing else.
         unsafe { core::slice::from_raw_parts_mut(ptr, self.page_bytes) }
     }
+}
+
+/// One access cell per whole page of `len` bytes.
+#[cfg(kvslice_loom)]
+fn access_cells(len: usize, page_bytes: usize) -> Box<[loom::cell::UnsafeCell<()>]> {
+    (0..len.checked_div(page_bytes).unwrap_or(0))
+        .map(|_| loom::cell::UnsafeCell::new(()))
+        .collect()
 }
 
 impl Drop for Storage<'_> {
