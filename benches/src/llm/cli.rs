@@ -267,7 +267,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
             / 1e3
     );
     eprintln!(
-        "store: {} hit blocks, {} inserted, {} evicted",
+        "store: {} blocks hit by lookups (each layer's: a prompt reuses the prefix all layers hit), {} inserted, {} evicted",
         s.hit_blocks, s.inserts, s.evictions
     );
     Ok(())
