@@ -81,13 +81,7 @@ fn stores_and_a_destroy_race_on_one_memory() {
             Some(seen) => assert_eq!(seen, ran),
             // Refused while a store held the memory; once they are gone, it
             // succeeds and sees them all.
-            None => {
-                let again = memory.destroy();
-                if again.is_none() {
-                    eprintln!("DEBUG ran={ran} flag_claim={}", memory.flag.try_claim());
-                }
-                assert_eq!(again, Some(ran))
-            }
+            None => assert_eq!(memory.destroy(), Some(ran)),
         }
         assert!(!memory.flag.try_claim(), "destroyed memory claimed again");
     });

@@ -120,8 +120,18 @@ fn a_store_of_another_layout_is_refused() {
         refused.error,
         kvslice_core::Error::InvalidLayout(_)
     ));
-    // The store comes back, still usable.
+    // The store and the sink come back, each still usable.
     assert_eq!(refused.store.layout(), &other);
+    assert_eq!(refused.sink.layout(), Some(&tier_layout));
+    let guard = refused.store.pin();
+    assert_eq!(refused.store.allocate(4, &guard).unwrap().len(), 4);
+    drop(guard);
+    assert!(
+        CacheStore::new(tier_layout, 4, LruPolicy::new(4))
+            .unwrap()
+            .with_spill(refused.sink)
+            .is_ok()
+    );
     let same = CacheStore::new(tier_layout, 4, LruPolicy::new(4)).unwrap();
     assert!(TieredStore::new(&same, &tier).is_ok());
     assert!(same.with_spill(Box::new(tier.sink())).is_ok());

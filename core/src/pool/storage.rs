@@ -85,9 +85,9 @@ impl<'m> Storage<'m> {
     /// Tells loom that page `index`'s bytes are read (`write` false) or
     /// written now: an access the page lifecycle does not order after
     /// every conflicting one (a write against anything, on another thread)
-    /// fails the model. The guards call it for each slice they hand out
-    /// and when they go (the last moment their slices were usable). Does
-    /// nothing outside loom.
+    /// fails the model. Every slice of a page's bytes is tracked here, and
+    /// the guards call it when they are dropped or published (the last
+    /// moment their slices were usable). Does nothing outside loom.
     #[inline(always)]
     pub(crate) fn track(&self, index: u32, write: bool) {
         #[cfg(kvslice_loom)]
@@ -106,8 +106,8 @@ impl<'m> Storage<'m> {
     /// # Safety
     /// No `&mut` to page `index` may exist while the returned slice lives.
     pub(crate) unsafe fn page(&self, index: u32) -> &[u8] {
-        self.track(index, false);
         let ptr = self.page_ptr(index);
+        self.track(index, false);
         // SAFETY: `ptr..ptr + page_bytes` lies inside the region (checked in
         // `page_ptr`), the region is valid for `'m`, and the caller promises
         // no concurrent writer.
@@ -119,8 +119,8 @@ impl<'m> Storage<'m> {
     /// returned slice lives.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn page_mut(&self, index: u32) -> &mut [u8] {
-        self.track(index, true);
         let ptr = self.page_ptr(index);
+        self.track(index, true);
         // SAFETY: in bounds as above; the caller promises exclusive access,
         // and pages never overlap, so this aliases nothing else.
         unsafe { core::slice::from_raw_parts_mut(ptr, self.page_bytes) }

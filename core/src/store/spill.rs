@@ -60,7 +60,10 @@ pub trait SpillSink: Send + Sync {
 }
 
 /// A spill sink [`CacheStore::with_spill`] refused: the store and the sink
-/// as they were, and why.
+/// as they were, and why. `?` into [`Error`] keeps only the error (and
+/// drops both); into `Box<dyn std::error::Error>` it keeps this whole
+/// value, so downcast to `SpillRefused`, not to [`Error`].
+#[non_exhaustive]
 pub struct SpillRefused<'m, E: EvictionPolicy> {
     /// The store, without a sink.
     pub store: CacheStore<'m, E>,
@@ -98,8 +101,8 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// are not handed over: the key is still cached. Refuses a sink of
     /// another page layout (one whose pages mean something else: another
     /// fingerprint or size) with [`SpillRefused`], which hands back the
-    /// store and the sink as they were; `?` turns it into its
-    /// [`Error::InvalidLayout`].
+    /// store and the sink as they were; `?` into [`Error`] turns it into
+    /// its [`Error::InvalidLayout`].
     ///
     /// ```
     /// use kvslice_core::{CacheStore, Error, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey, SpillSink};
