@@ -92,8 +92,10 @@ fn read_stripes() -> usize {
 }
 
 /// Distinguishes stores, so that a request ticket of one is refused by
-/// another. Not part of any protocol loom explores.
-static NEXT_STORE: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(1);
+/// another: 64 bits, so that no process makes enough stores to wrap it
+/// (32 bits wrapped after 2^32 stores, and a ticket then passed for
+/// another store's). Not part of any protocol loom explores.
+static NEXT_STORE: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
 
 /// A KV cache of pages addressed by [`SliceKey`].
 ///
@@ -139,7 +141,7 @@ pub struct CacheStore<'m, E: EvictionPolicy> {
     events: Option<crate::events::EventRing>,
     /// Where evicted blocks' bytes go, if anywhere.
     spill: Option<alloc::boxed::Box<dyn SpillSink>>,
-    id: u32,
+    id: u64,
     next_request: AtomicU64,
     stats: Counters,
 }

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a request ends with CacheStore::end_request"]
 pub struct RequestTicket {
-    pub(super) store: u32,
+    pub(super) store: u64,
     pub(super) serial: u64,
 }
 
@@ -40,7 +40,7 @@ impl RequestTicket {
         self.serial
     }
 
-    pub(super) fn check(&self, store: u32) -> Result<()> {
+    pub(super) fn check(&self, store: u64) -> Result<()> {
         if self.store == store {
             Ok(())
         } else {
