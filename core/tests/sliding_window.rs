@@ -311,3 +311,41 @@ fn a_gap_inside_the_window_shortens_the_hit() {
     drop(refs);
     store.end_request(req).unwrap();
 }
+
+/// A windowed lookup's counters: the blocks its window needs are hits,
+/// everything from the hit's end on is missed, and the blocks before the
+/// window (not needed, present or not) count as neither; tokens likewise.
+#[test]
+fn a_windowed_lookup_counts_what_its_window_needs() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32)).unwrap();
+    let store = CacheStore::new(layout, 16, LruPolicy::new(16)).unwrap();
+    let guard = store.pin();
+    let req = store.begin_request();
+    let keys: Vec<SliceKey> = (0..8).map(|b| key(2, b)).collect();
+    // Cached: blocks 2, 5 and 6 (the rest missing).
+    let mut held = Vec::new();
+    for (&b, page) in [2usize, 5, 6]
+        .iter()
+        .zip(store.allocate(3, &guard).unwrap())
+    {
+        held.push(store.publish(&req, page, keys[b], None, 4, &guard).unwrap());
+    }
+    drop(held);
+    let before = store.stats();
+    let mut refs = Vec::new();
+    // 30 tokens, window 8: token 28 needs 21..=27, blocks 5 and 6.
+    let hit = store
+        .lookup_window(&req, &keys, 30, 8, &guard, &mut refs)
+        .unwrap();
+    assert_eq!((hit.first, hit.end), (5, 7));
+    let s = store.stats();
+    assert_eq!(s.lookups - before.lookups, 1);
+    assert_eq!(s.hit_blocks - before.hit_blocks, 2);
+    // Block 7, from the hit's end on; blocks 0..5 are neither.
+    assert_eq!(s.miss_blocks - before.miss_blocks, 1);
+    assert_eq!(s.hit_tokens - before.hit_tokens, 8);
+    // Tokens 28 and 29, after the hit's 28.
+    assert_eq!(s.miss_tokens - before.miss_tokens, 2);
+    drop(refs);
+    store.end_request(req).unwrap();
+}

@@ -80,15 +80,20 @@ impl Counters {
 /// A snapshot of a store's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
-    /// `lookup_prefix` calls.
+    /// `lookup_prefix` and `lookup_window` calls.
     pub lookups: u64,
-    /// Blocks found (the cached prefixes, summed).
+    /// Blocks found (the cached prefixes, summed; for a windowed lookup,
+    /// the blocks its window needs).
     pub hit_blocks: u64,
-    /// Blocks not found: everything from each lookup's first miss on.
+    /// Blocks not found: everything from each lookup's first miss on (a
+    /// windowed lookup's hit end). A windowed lookup's blocks before its
+    /// window count as neither hit nor miss: nothing needs them.
     pub miss_blocks: u64,
     /// Valid tokens in hit blocks.
     pub hit_tokens: u64,
-    /// Tokens the lookups asked for beyond their hits.
+    /// Tokens the lookups asked for beyond their hits (for a windowed
+    /// lookup, beyond its hit's end; tokens before its window count as
+    /// neither).
     pub miss_tokens: u64,
     /// Pages published into the map.
     pub inserts: u64,
