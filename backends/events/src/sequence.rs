@@ -13,8 +13,10 @@ use core::ops::Range;
 ///
 /// A shorter run counts too where it began at batch 0 and runs on past
 /// the newest batch seen: a publisher that restarted after sending fewer
-/// than this many. A restart whose first batches were all missed, and
-/// that had sent fewer than this many before, is not seen.
+/// than this many. Numbers alone cannot tell the rest from duplicates: a
+/// restart whose new stream passes the newest batch seen before this many
+/// of its batches came behind in a row, not from batch 0, is not seen
+/// (its batch 0 lost after an old stream of three, say).
 pub const RESTART_RUN: u32 = 3;
 
 /// One worker's numbers. Every batch below [`next`](Self::next) has been

@@ -30,7 +30,9 @@ pub struct SubscriberStats {
     /// Batches a replay could not supply (the worker no longer kept them).
     pub unfilled: u64,
     /// Messages that were not `[topic, 8-byte sequence, payload]`, or whose
-    /// payload was not a batch: dropped.
+    /// payload was not a batch: dropped, their sequence numbers not taken
+    /// (a batch that was due is then a gap, replayed if the worker still
+    /// keeps it).
     pub malformed: u64,
     /// Events of kinds the decoder does not know: skipped.
     pub unknown_events: u64,
@@ -272,6 +274,18 @@ impl Subscriber {
             self.problem(format!("worker {w}: sequence number {seq}"));
             return Ok(());
         }
+        // A batch that does not decode does not move the numbers either:
+        // its number may be as broken as its payload, and a wild one would
+        // count real batches lost or behind. Its own number, if it was
+        // right, becomes a gap that a replay can fill.
+        let batch = match decode(payload) {
+            Ok(batch) => batch,
+            Err(e) => {
+                self.stats.malformed += 1;
+                self.problem(format!("worker {w}: batch {seq}: {e}"));
+                return Ok(());
+            }
+        };
         let mut live = self.workers[w].seq.live(seq);
         if live == Live::Restarted {
             self.stats.restarts += 1;
@@ -289,10 +303,10 @@ impl Subscriber {
                 self.fill(w, seq)?;
                 // The replay may have brought this batch already.
                 if seq == self.workers[w].seq.next() {
-                    self.apply(w, seq, payload);
+                    self.apply(w, seq, batch);
                 }
             }
-            Live::Next => self.apply(w, seq, payload),
+            Live::Next => self.apply(w, seq, batch),
             Live::Done | Live::Restarted => {}
         }
         Ok(())
@@ -304,6 +318,7 @@ impl Subscriber {
     fn fill(&mut self, w: usize, to: u64) -> Result<(), zmq::Error> {
         let from = self.workers[w].seq.next();
         let mut got = Vec::new();
+        let mut undecoded = Vec::new();
         let mut ended = true;
         if let Some((replay, _)) = &self.workers[w].replay {
             // Never wait to send: a replay socket that is not there would
@@ -342,8 +357,18 @@ impl Subscriber {
                     ended = true;
                     break;
                 }
-                got.push((seq as u64, payload.clone()));
+                // As live: an undecodable batch takes no number.
+                match decode(payload) {
+                    Ok(batch) => got.push((seq as u64, batch)),
+                    Err(e) => {
+                        self.stats.malformed += 1;
+                        undecoded.push(format!("worker {w}: replayed batch {seq}: {e}"));
+                    }
+                }
             }
+        }
+        for what in undecoded {
+            self.problem(what);
         }
         if !ended {
             // What is left of this reply would answer the next request:
@@ -353,7 +378,7 @@ impl Subscriber {
             ));
             self.reset_replay(w)?;
         }
-        for (seq, payload) in got {
+        for (seq, batch) in got {
             let Replayed::Apply { lost } = self.workers[w].seq.replayed(seq) else {
                 continue;
             };
@@ -361,7 +386,7 @@ impl Subscriber {
                 self.unfilled(w, lost);
             }
             self.stats.replayed += 1;
-            self.apply(w, seq, &payload);
+            self.apply(w, seq, batch);
         }
         if let Some(lost) = self.workers[w].seq.filled(to) {
             self.unfilled(w, lost);
@@ -383,26 +408,20 @@ impl Subscriber {
         self.problem(format!("worker {w}: batches {lost:?} lost"));
     }
 
-    fn apply(&mut self, w: usize, seq: u64, payload: &[u8]) {
+    /// Applies batch `seq` of worker `w`, decoded.
+    fn apply(&mut self, w: usize, seq: u64, batch: Batch) {
         self.workers[w].seq.applied(seq);
-        match decode(payload) {
-            Ok(Batch {
-                events, skipped, ..
-            }) => {
-                self.stats.batches += 1;
-                self.stats.events += events.len() as u64;
-                for e in &events {
-                    self.index.apply(w, e);
-                }
-                if !skipped.is_empty() {
-                    self.stats.unknown_events += skipped.len() as u64;
-                    self.problem(format!("worker {w}: skipped events {skipped:?}"));
-                }
-            }
-            Err(e) => {
-                self.stats.malformed += 1;
-                self.problem(format!("worker {w}: batch {seq}: {e}"));
-            }
+        let Batch {
+            events, skipped, ..
+        } = batch;
+        self.stats.batches += 1;
+        self.stats.events += events.len() as u64;
+        for e in &events {
+            self.index.apply(w, e);
+        }
+        if !skipped.is_empty() {
+            self.stats.unknown_events += skipped.len() as u64;
+            self.problem(format!("worker {w}: skipped events {skipped:?}"));
         }
     }
 }

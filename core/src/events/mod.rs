@@ -12,12 +12,14 @@
 //! format is vLLM's `KVEventBatch`.
 //!
 //! Whoever removes a block's entry reports the removal, so one thread's
-//! events of a block arrive in the order it caused them. Across threads one
-//! race remains: an evictor that has removed a block's entry but not yet
+//! events of a block arrive in the order it caused them. Across threads two
+//! races remain: an evictor that has removed a block's entry but not yet
 //! pushed `Removed` while another thread publishes the same block again
-//! and pushes `Stored` first; a consumer then believes the block gone
-//! while it is cached. That costs a router one missed prefix hit (the
-//! index is a hint), and the block's next event corrects it.
+//! and pushes `Stored` first; and a `clear` that found the store empty
+//! while another thread publishes a block and pushes `Stored` before the
+//! clear pushes `Cleared`. A consumer then believes the block gone while
+//! it is cached. That costs a router one missed prefix hit (the index is
+//! a hint), and the block's next event corrects it.
 
 mod ring;
 
