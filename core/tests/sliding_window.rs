@@ -278,20 +278,35 @@ fn reuse_under_a_window_matches_computing_everything() {
     store.end_request(req).unwrap();
 }
 
+/// A store of 16 pages of 4 tokens (one head of width 2, f32).
+fn four_token_store() -> CacheStore<'static, LruPolicy> {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32)).unwrap();
+    CacheStore::new(layout, 16, LruPolicy::new(16)).unwrap()
+}
+
+/// Publishes `keys[b]` for each of `blocks`, full and without a parent,
+/// and releases them: cached, nothing else.
+fn cache_blocks(
+    store: &CacheStore<'static, LruPolicy>,
+    req: &kvslice_core::RequestTicket,
+    keys: &[SliceKey],
+    blocks: &[usize],
+) {
+    let guard = store.pin();
+    let pages = store.allocate(blocks.len() as u32, &guard).unwrap();
+    for (&b, page) in blocks.iter().zip(pages) {
+        drop(store.publish(req, page, keys[b], None, 4, &guard).unwrap());
+    }
+}
+
 #[test]
 fn a_gap_inside_the_window_shortens_the_hit() {
-    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32)).unwrap();
-    let store = CacheStore::new(layout, 16, LruPolicy::new(16)).unwrap();
+    let store = four_token_store();
     let guard = store.pin();
     let req = store.begin_request();
     let keys: Vec<SliceKey> = (0..8).map(|b| key(1, b)).collect();
     // Cached: blocks 1, 2, 3 and 5, 6 (0, 4 and 7 missing).
-    let mut held = Vec::new();
-    let cached = [1usize, 2, 3, 5, 6];
-    for (&b, page) in cached.iter().zip(store.allocate(5, &guard).unwrap()) {
-        held.push(store.publish(&req, page, keys[b], None, 4, &guard).unwrap());
-    }
-    drop(held);
+    cache_blocks(&store, &req, &keys, &[1, 2, 3, 5, 6]);
     let mut refs = Vec::new();
     let mut look = |window| {
         refs.clear();
@@ -317,20 +332,12 @@ fn a_gap_inside_the_window_shortens_the_hit() {
 /// window (not needed, present or not) count as neither; tokens likewise.
 #[test]
 fn a_windowed_lookup_counts_what_its_window_needs() {
-    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 4, KvDtype::F32)).unwrap();
-    let store = CacheStore::new(layout, 16, LruPolicy::new(16)).unwrap();
+    let store = four_token_store();
     let guard = store.pin();
     let req = store.begin_request();
     let keys: Vec<SliceKey> = (0..8).map(|b| key(2, b)).collect();
     // Cached: blocks 2, 5 and 6 (the rest missing).
-    let mut held = Vec::new();
-    for (&b, page) in [2usize, 5, 6]
-        .iter()
-        .zip(store.allocate(3, &guard).unwrap())
-    {
-        held.push(store.publish(&req, page, keys[b], None, 4, &guard).unwrap());
-    }
-    drop(held);
+    cache_blocks(&store, &req, &keys, &[2, 5, 6]);
     let before = store.stats();
     let mut refs = Vec::new();
     // 30 tokens, window 8: token 28 needs 21..=27, blocks 5 and 6.
