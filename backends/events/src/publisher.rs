@@ -259,7 +259,8 @@ impl Publisher {
                 continue;
             };
             // A REQ peer puts an empty delimiter before its request; the
-            // reply needs it back.
+            // reply needs it back. (Such a peer reads only the reply's
+            // first message: DEALER is the documented peer.)
             let envelope: Vec<&[u8]> = std::iter::once(identity.as_slice())
                 .chain(rest.iter().take_while(|f| f.is_empty()).map(Vec::as_slice))
                 .collect();
