@@ -91,7 +91,9 @@ pub struct PageInfo {
 }
 
 /// Distinguishes pools so a [`RefToken`] cannot be released into the wrong
-/// one. A plain core atomic even under loom: it is not part of any model.
+/// one (and, through its pool, a store's request tickets): 64 bits, so no
+/// process makes enough pools to wrap it. A plain core atomic even under
+/// loom: it is not part of any model.
 static NEXT_POOL_ID: StdAtomicU64 = StdAtomicU64::new(1);
 
 /// Pages of one [`KvLayout`], capacity fixed at construction.
@@ -214,6 +216,11 @@ impl<'m> PagePool<'m> {
     /// The layout of every page.
     pub fn layout(&self) -> &KvLayout {
         &self.layout
+    }
+
+    /// This pool's id, distinct from every other pool's in the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Number of pages.

@@ -91,12 +91,6 @@ fn read_stripes() -> usize {
     }
 }
 
-/// Distinguishes stores, so that a request ticket of one is refused by
-/// another: 64 bits, so that no process makes enough stores to wrap it
-/// (32 bits wrapped after 2^32 stores, and a ticket then passed for
-/// another store's). Not part of any protocol loom explores.
-static NEXT_STORE: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
-
 /// A KV cache of pages addressed by [`SliceKey`].
 ///
 /// ```
@@ -141,7 +135,6 @@ pub struct CacheStore<'m, E: EvictionPolicy> {
     events: Option<crate::events::EventRing>,
     /// Where evicted blocks' bytes go, if anywhere.
     spill: Option<alloc::boxed::Box<dyn SpillSink>>,
-    id: u64,
     next_request: AtomicU64,
     stats: Counters,
 }
@@ -196,7 +189,6 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
             events: None,
             spill: None,
             policy,
-            id: NEXT_STORE.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
             next_request: AtomicU64::new(1),
             stats: Counters::default(),
         })
@@ -230,6 +222,13 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     }
 
     /// `Ok` if `pool` is this store's.
+    /// What tells this store's request tickets from another's: its pool's
+    /// id, which no other pool in the process has (a store owns its pool
+    /// for life).
+    fn id(&self) -> u64 {
+        self.pool.id()
+    }
+
     fn check_ours(&self, pool: &PagePool<'m>, what: &'static str) -> Result<()> {
         if core::ptr::eq(pool, &self.pool) {
             Ok(())
@@ -256,7 +255,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// serve at the same time. End it with [`end_request`](Self::end_request).
     pub fn begin_request(&self) -> RequestTicket {
         RequestTicket {
-            store: self.id,
+            store: self.id(),
             serial: self.next_request.fetch_add(1, Relaxed),
         }
     }
@@ -264,7 +263,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// Ends a request. References it took are released by dropping them,
     /// before or after.
     pub fn end_request(&self, request: RequestTicket) -> Result<()> {
-        request.check(self.id)?;
+        request.check(self.id())?;
         self.record(Access::End {
             request: request.serial,
         });
@@ -316,7 +315,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         guard: &Guard,
         out: &mut Vec<PageRef<'s, 'm>>,
     ) -> Result<usize> {
-        request.check(self.id)?;
+        request.check(self.id())?;
         let serial = request.serial;
         let spread = keys.first().map_or(0, fingerprint);
         let mut hits = 0usize;
@@ -564,7 +563,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         guard: &Guard,
     ) -> Result<PageRef<'s, 'm>> {
         self.map.check_guard(guard)?;
-        request.check(self.id)?;
+        request.check(self.id())?;
         let block_tokens = self.layout().block_tokens();
         if valid_tokens == 0 || valid_tokens > block_tokens {
             return Err(Error::OutOfRange {

@@ -82,7 +82,7 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         guard: &Guard,
         out: &mut Vec<PageRef<'s, 'm>>,
     ) -> Result<WindowHit> {
-        request.check(self.id)?;
+        request.check(self.id())?;
         if window == 0 {
             return Err(Error::InvalidValue(
                 "attention window must be at least one token",
