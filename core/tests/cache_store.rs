@@ -4,8 +4,8 @@
 //! (see `fuzz_corpus.rs`).
 
 use kvslice_core::{
-    BlockHash, CacheStore, ClockPolicy, Error, EvictionPolicy, KvDtype, KvLayout, LayoutSpec,
-    LruPolicy, PageId, PageRef, Priority, SliceKey,
+    BlockHash, CacheStore, ClockPolicy, Error, EvictPass, EvictionPolicy, KvDtype, KvLayout,
+    LayoutSpec, LruPolicy, PageEvent, PageId, PageRef, Priority, SliceKey,
 };
 
 const BT: u32 = 4;
@@ -321,4 +321,81 @@ fn bad_input_is_an_error_and_changes_nothing() {
     );
     assert_eq!(found[0].bytes()[0], 0, "chain 2's own bytes");
     drop((found, held));
+}
+
+/// Clock, with every insert's and hit's event recorded; `buffered` sends
+/// the hits through the store's read buffer.
+struct Recording {
+    inner: ClockPolicy,
+    buffered: bool,
+    inserts: std::sync::Mutex<Vec<PageEvent>>,
+    hits: std::sync::Mutex<Vec<PageEvent>>,
+}
+
+impl EvictionPolicy for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn capacity(&self) -> u32 {
+        self.inner.capacity()
+    }
+    fn on_insert(&self, event: PageEvent) {
+        self.inserts.lock().unwrap().push(event);
+        self.inner.on_insert(event);
+    }
+    fn on_access(&self, event: PageEvent) {
+        self.hits.lock().unwrap().push(event);
+        self.inner.on_access(event);
+    }
+    fn buffers_accesses(&self) -> bool {
+        self.buffered
+    }
+    fn evict_one(&self, try_evict: &mut dyn FnMut(PageId, EvictPass) -> bool) -> Option<PageId> {
+        self.inner.evict_one(try_evict)
+    }
+}
+
+#[test]
+fn events_tell_policies_which_blocks_are_partial_tails() {
+    for buffered in [false, true] {
+        let policy = Recording {
+            inner: ClockPolicy::new(16),
+            buffered,
+            inserts: Default::default(),
+            hits: Default::default(),
+        };
+        let store = CacheStore::new(layout(), 16, policy).unwrap();
+        let keys = chain(1, 3);
+        let guard = store.pin();
+        let req = store.begin_request();
+        let mut held = Vec::new();
+        // Two full blocks and a tail of 3 of the block's 4 tokens.
+        for (i, (key, page)) in keys
+            .iter()
+            .zip(store.allocate(3, &guard).unwrap())
+            .enumerate()
+        {
+            let valid = if i == 2 { BT - 1 } else { BT };
+            let r = store
+                .publish(&req, page, *key, held.last(), valid, &guard)
+                .unwrap();
+            held.push(r);
+        }
+        store.end_request(req).unwrap();
+        let req = store.begin_request();
+        let mut again = Vec::new();
+        let hits = store
+            .lookup_prefix(&req, &keys, 11, &guard, &mut again)
+            .unwrap();
+        assert_eq!(hits, 3);
+        // A buffered policy gets its hits before the next eviction.
+        store.evict(1, &guard).unwrap();
+        let partial = |events: &[PageEvent]| -> Vec<(u32, bool)> {
+            events.iter().map(|e| (e.block_index, e.partial)).collect()
+        };
+        let want = vec![(0, false), (1, false), (2, true)];
+        let p = store.policy();
+        assert_eq!(partial(&p.inserts.lock().unwrap()), want, "{buffered}");
+        assert_eq!(partial(&p.hits.lock().unwrap()), want, "{buffered}");
+    }
 }

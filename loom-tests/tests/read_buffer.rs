@@ -14,6 +14,7 @@ fn hit(page: u32) -> Access {
         fingerprint: u64::from(page) * 0x9e37_79b9 + 1,
         block_index: page,
         request: 1,
+        partial: false,
     })
 }
 

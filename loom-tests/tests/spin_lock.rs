@@ -11,6 +11,7 @@ fn ev(page: u32) -> PageEvent {
         fingerprint: u64::from(page),
         block_index: 0,
         request: 0,
+        partial: false,
     }
 }
 

@@ -57,7 +57,7 @@ const GROW: f64 = 1.25;
 /// use kvslice_core::{ChainPolicy, EvictionPolicy, PageEvent, PageId};
 ///
 /// let policy = ChainPolicy::new(4);
-/// let ev = |p, depth| PageEvent { page: PageId(p), fingerprint: u64::from(p) * 0x9e37_79b9, block_index: depth, request: 0 };
+/// let ev = |p, depth| PageEvent { page: PageId(p), fingerprint: u64::from(p) * 0x9e37_79b9, block_index: depth, request: 0, partial: false };
 /// // A chain 0 → 1 → 2: its blocks share the fate of its root.
 /// policy.on_insert(ev(0, 0));
 /// policy.on_became_parent(ev(0, 0));

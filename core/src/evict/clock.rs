@@ -20,9 +20,9 @@ const HOT: u8 = 2;
 ///
 /// let clock = ClockPolicy::new(3);
 /// for p in 0..3 {
-///     clock.on_insert(PageEvent { page: PageId(p), fingerprint: 0, block_index: 0, request: 0 });
+///     clock.on_insert(PageEvent { page: PageId(p), fingerprint: 0, block_index: 0, request: 0, partial: false });
 /// }
-/// clock.on_access(PageEvent { page: PageId(0), fingerprint: 0, block_index: 0, request: 0 });
+/// clock.on_access(PageEvent { page: PageId(0), fingerprint: 0, block_index: 0, request: 0, partial: false });
 /// // Page 0 was hit again, so it gets a second chance.
 /// let victim = clock.evict_one(&mut |p: PageId, _: EvictPass| p != PageId(0));
 /// assert_eq!(victim, Some(PageId(1)));
@@ -131,6 +131,7 @@ mod tests {
             fingerprint: u64::from(page),
             block_index: 0,
             request: 1,
+            partial: false,
         }
     }
 

@@ -19,7 +19,7 @@ const LIST: usize = 0;
 /// use kvslice_core::{EvictPass, EvictionPolicy, LruPolicy, PageEvent, PageId};
 ///
 /// let lru = LruPolicy::new(3);
-/// let ev = |p| PageEvent { page: PageId(p), fingerprint: 0, block_index: 0, request: 0 };
+/// let ev = |p| PageEvent { page: PageId(p), fingerprint: 0, block_index: 0, request: 0, partial: false };
 /// (0..3).for_each(|p| lru.on_insert(ev(p)));
 /// lru.on_access(ev(0));
 /// assert_eq!(lru.evict_one(&mut |_, _| true), Some(PageId(1)));

@@ -79,6 +79,7 @@ pub(crate) fn test_event(page: u32, block_index: u32) -> PageEvent {
         fingerprint: u64::from(page).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1,
         block_index,
         request: 0,
+        partial: false,
     }
 }
 
@@ -96,6 +97,10 @@ pub struct PageEvent {
     /// [`CacheStore::begin_request`](crate::CacheStore::begin_request));
     /// 0 for events no request caused (a parent becoming a leaf again).
     pub request: u64,
+    /// The block holds fewer tokens than a full block: a sequence's
+    /// unfinished tail, which the next turn of a conversation rewrites
+    /// under another key.
+    pub partial: bool,
 }
 
 /// Which pages a `try_evict` callback accepts on this offer.

@@ -43,6 +43,7 @@ const KIND_SHIFT: u32 = 62;
 const KIND_HIT: u64 = 0;
 const KIND_MISS: u64 = 1;
 const KIND_END: u64 = 2;
+const KIND_HIT_PARTIAL: u64 = 3;
 const REQUEST_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
 impl Access {
@@ -56,7 +57,11 @@ impl Access {
     fn encode(&self) -> [u64; 3] {
         let (kind, fingerprint, page_depth) = match *self {
             Access::Hit(e) => (
-                KIND_HIT,
+                if e.partial {
+                    KIND_HIT_PARTIAL
+                } else {
+                    KIND_HIT
+                },
                 e.fingerprint,
                 u64::from(e.page.0) | u64::from(e.block_index) << 32,
             ),
@@ -70,11 +75,12 @@ impl Access {
     fn decode(w: [u64; 3]) -> Self {
         let request = w[2] & REQUEST_MASK;
         match w[2] >> KIND_SHIFT {
-            KIND_HIT => Access::Hit(PageEvent {
+            kind @ (KIND_HIT | KIND_HIT_PARTIAL) => Access::Hit(PageEvent {
                 page: PageId(w[1] as u32),
                 fingerprint: w[0],
                 block_index: (w[1] >> 32) as u32,
                 request,
+                partial: kind == KIND_HIT_PARTIAL,
             }),
             KIND_MISS => Access::Miss {
                 fingerprint: w[0],
@@ -317,6 +323,7 @@ mod tests {
             fingerprint: u64::from(page) * 7 + 1,
             block_index: page % 5,
             request,
+            partial: page % 2 == 1,
         })
     }
 

@@ -85,7 +85,7 @@ impl HillClimber {
 /// use kvslice_core::{EvictionPolicy, PageEvent, PageId, TinyLfuPolicy};
 ///
 /// let p = TinyLfuPolicy::new(4);
-/// let ev = |page, fp| PageEvent { page: PageId(page), fingerprint: fp, block_index: 0, request: 0 };
+/// let ev = |page, fp| PageEvent { page: PageId(page), fingerprint: fp, block_index: 0, request: 0, partial: false };
 /// // Key 100 is popular; keys 1..=3 are seen once.
 /// for _ in 0..5 { p.on_access(ev(0, 100)); }
 /// p.on_insert(ev(0, 100));

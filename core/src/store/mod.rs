@@ -241,12 +241,14 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         &self.meta[page.0 as usize]
     }
 
+    /// The policy's view of `page`, which holds `key` (its metadata set).
     fn event(&self, page: PageId, key: &SliceKey, request: u64) -> PageEvent {
         PageEvent {
             page,
             fingerprint: fingerprint(key),
             block_index: key.block_index,
             request,
+            partial: self.meta(page).valid_tokens() < self.layout().block_tokens(),
         }
     }
 

@@ -21,15 +21,18 @@ fn first_turn(p: &DensityPolicy, root: u32) {
 #[test]
 fn ghost_entries_round_trip_and_wrap() {
     let fp = 0x1234_5678_9abc_def1;
-    let g = Ghost::new(fp, 1000, 3);
-    assert_eq!(g.of(fp, 1250), Some((250, 3)));
+    let g = Ghost::new(fp, 1000, 3, false);
+    assert_eq!(g.of(fp, 1250), Some((250, 3, false)));
     assert_eq!(g.of(fp ^ (1 << 40), 1250), None, "another key");
     assert_eq!(Ghost::default().of(0, 5), None, "empty");
-    assert_eq!(g.of(fp, 990), Some((0, 3)), "stamped after now");
-    assert_eq!(Ghost::new(fp, 9, 200).of(fp, 9), Some((0, 15)));
-    // Across the clock's wrap.
+    assert_eq!(g.of(fp, 990), Some((0, 3, false)), "stamped after now");
+    assert_eq!(Ghost::new(fp, 9, 200, true).of(fp, 9), Some((0, 15, true)));
+    // Across the clock's wrap, partial or not.
     let late = GHOST_TIME_MASK - 5;
-    assert_eq!(Ghost::new(fp, late, 1).of(fp, late + 10), Some((10, 1)));
+    for partial in [false, true] {
+        let g = Ghost::new(fp, late, 1, partial);
+        assert_eq!(g.of(fp, late + 10), Some((10, 1, partial)));
+    }
     // The tag does not depend on the bits that chose the slot.
     let tags: alloc::collections::BTreeSet<u64> =
         (0..64u64).map(|i| Ghost::tag(fp ^ (i << 40))).collect();
@@ -168,4 +171,41 @@ fn a_refilled_page_keeps_its_new_keys_turns() {
         s.pages[3].turns, 1,
         "the new key took the old request's turns"
     );
+}
+
+/// Partial tails are a class of their own: where full blocks come back
+/// and tails never do (the next turn rewrites a tail under another key),
+/// a tail goes before a full block of the same turns and age.
+#[test]
+fn partial_tails_are_learned_apart() {
+    let p = DensityPolicy::new(64);
+    let event = |page: u32, fingerprint: u64, request: u64, partial: bool| PageEvent {
+        page: PageId(page),
+        fingerprint,
+        block_index: 0,
+        request,
+        partial,
+    };
+    let (full, tail) = (|s: u64| s << 20 | 1, |s: u64| s << 20 | 2);
+    for s in 1..=1200u64 {
+        let at = (2 * s % 60) as u32;
+        p.on_insert(event(at, full(s), s, false));
+        p.on_insert(event(at + 1, tail(s), s, true));
+        if s > 20 {
+            // The full block of 20 requests ago comes back.
+            p.on_access(event(at, full(s - 20), s, false));
+        }
+        p.on_request_end(s);
+    }
+    p.on_insert(event(61, 7 << 60, 1250, false));
+    p.on_insert(event(62, 9 << 60, 1250, true));
+    p.on_request_end(1250);
+    p.on_miss(11 << 60, 1252);
+    let mut offered = Vec::new();
+    p.evict_one(&mut |id, _| {
+        offered.push(id.0);
+        false
+    });
+    let at = |page| offered.iter().position(|&o| o == page).unwrap();
+    assert!(at(62) < at(61), "{offered:?}");
 }
