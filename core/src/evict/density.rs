@@ -237,8 +237,10 @@ struct State {
     uses: [f64; CLASSES],
     /// Per class and age bin: the density's `f32` bits, which order as
     /// the densities do (they are never negative), so ranking is integer
-    /// work.
-    density: [[u32; BINS]; CLASSES],
+    /// work. On the heap, as `returns`: inline, the tables would make the
+    /// policy a value of kilobytes, copied through callers' stacks (a
+    /// loom model's coroutine overflowed on it).
+    density: Vec<[u32; BINS]>,
     /// Representative age of each bin.
     age_of_bin: [f64; BINS],
     next_update: u64,
@@ -275,7 +277,7 @@ impl DensityPolicy {
                 open: (0..OPEN).map(|_| Open::default()).collect(),
                 returns: vec![[0.0; BINS]; CLASSES],
                 uses: [0.0; CLASSES],
-                density: [prior; CLASSES],
+                density: vec![prior; CLASSES],
                 age_of_bin,
                 next_update: 1 + PERIOD,
                 rng: 0x9e37_79b9_7f4a_7c15,
