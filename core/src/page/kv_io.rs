@@ -94,9 +94,10 @@ pub const KEY_LIMIT: f32 = (1u64 << 56) as f32;
 /// `k` and `v` are `n × shard_kv_heads × head_dim` f32 values, token-major.
 ///
 /// Values are checked before anything is written: every value must be
-/// finite and fit the layout's dtype (70,000 does not fit f16), and keys
-/// must stay within ±[`KEY_LIMIT`] (2^56), so that no attention score can
-/// overflow f32 (queries are bounded to match, see
+/// finite (else [`Error::InvalidValue`]) and fit the layout's dtype
+/// (70,000 does not fit f16), and keys must stay within ±[`KEY_LIMIT`]
+/// (2^56), so that no attention score can overflow f32 (queries are
+/// bounded to match, see
 /// [`AttentionBatch::validate`](crate::AttentionBatch::validate)); else
 /// [`Error::ValueTooLarge`] names the token and element. A page the write
 /// touches must not appear at another position of the block table
