@@ -356,12 +356,32 @@ typedef struct KvsLayoutInfo {
   uint32_t layer_groups;
   // Head shards.
   uint32_t head_shards;
-  // Floats per token of K (or V) for one layer and shard: kv heads of
-  // the shard times `head_dim`.
+  // Floats per token of K (or V) for one layer of shard 0: its kv
+  // heads times `head_dim`. Shards differ when the kv heads do not
+  // divide evenly (the first `kv_heads % head_shards` get one more):
+  // `kvs_layout_shard_info` gives each shard's.
   uint32_t kv_row;
-  // Floats per token of queries for one layer and shard.
+  // Floats per token of queries for one layer of shard 0.
   uint32_t q_row;
 } KvsLayoutInfo;
+
+// One head shard's heads and row sizes (`kvs_layout_shard_info`).
+typedef struct KvsShardInfo {
+  // The shard's first kv head.
+  uint32_t first_kv_head;
+  // Its kv heads.
+  uint32_t kv_heads;
+  // Its first query head.
+  uint32_t first_q_head;
+  // Its query heads.
+  uint32_t q_heads;
+  // Floats per token of K (or V) for one layer of the shard: what
+  // `kvs_write_kv` takes per token.
+  uint32_t kv_row;
+  // Floats per token of queries (and outputs) for one layer of the
+  // shard: what `kvs_attend` takes per query row.
+  uint32_t q_row;
+} KvsShardInfo;
 
 // A store's counters (`kvs_store_stats`).
 typedef struct KvsStats {
@@ -542,6 +562,16 @@ KvsStatus kvs_layout_new(const struct KvsLayoutSpec *spec,
 KvsStatus kvs_layout_info(struct KvsLayout layout,
                           struct KvsLayoutInfo *out);
 
+// Head shard `shard`'s heads and row sizes, written to `out`;
+// `KVS_STATUS_INVALID_ARGUMENT` past the layout's shards.
+//
+// # Safety
+//
+// `out` points to writable memory for a `KvsShardInfo`.
+KvsStatus kvs_layout_shard_info(struct KvsLayout layout,
+                                uint32_t shard,
+                                struct KvsShardInfo *out);
+
 // Destroys a layout handle. Stores and coordinators made from it keep
 // their own copy.
 KvsStatus kvs_layout_destroy(struct KvsLayout layout);
@@ -550,7 +580,8 @@ KvsStatus kvs_layout_destroy(struct KvsLayout layout);
 // one store (`kvs_store_new`'s `memory`). The store lays pages out from
 // the first address aligned for the layout's dtype; `kvs_layout_info`'s
 // `page_bytes` times the capacity, plus up to 64 bytes of alignment
-// slack, must fit.
+// slack, must fit. The bytes are zeroed here, so a store's pages start
+// zeroed, as the pages of a store that allocates its own do.
 //
 // # Safety
 //
@@ -584,13 +615,17 @@ KvsStatus kvs_request_end(struct KvsRequest request);
 // lane) and appends its pages, each with a reference, to the request's
 // block table for that lane; writes how many to `hits`. `total_tokens`
 // (the tokens the keys cover) sizes the miss count in the stats.
+// No keys (a prompt shorter than one block has no full block to look
+// up; `keys` may then be null) is 0 hits, counted as a lookup that
+// missed `total_tokens`.
 //
 // Lock-free with the default policy: per block a map read, a reference
 // count and a wait-free record of the access.
 //
 // # Safety
 //
-// `keys` points to `n_keys` keys; `hits` to a writable `size_t`.
+// `keys` points to `n_keys` keys (or is null for none); `hits` to a
+// writable `size_t`.
 KvsStatus kvs_lookup_prefix(struct KvsRequest request,
                             const struct KvsKey *keys,
                             size_t n_keys,

@@ -143,6 +143,23 @@ fn step(op: u32, u: &mut Unstructured<'_>, w: &mut World, arenas: &mut Vec<Vec<u
                 let mut info = KvsLayoutInfo::default();
                 // SAFETY: a live local.
                 assert!(ok(unsafe { kvs_layout_info(out, &mut info) }));
+                // The shards partition the heads, shard 0 first and
+                // largest; one past the last is refused.
+                let (mut kv, mut q) = (0, 0);
+                for shard in 0..=info.head_shards {
+                    let mut s = KvsShardInfo::default();
+                    // SAFETY: a live local.
+                    let status = unsafe { kvs_layout_shard_info(out, shard, &mut s) };
+                    if shard == info.head_shards {
+                        assert_eq!(status, KvsStatus::InvalidArgument);
+                        continue;
+                    }
+                    assert_eq!(status, KvsStatus::Ok);
+                    assert_eq!((s.first_kv_head, s.first_q_head), (kv, q));
+                    assert!(s.kv_row <= info.kv_row && s.q_row <= info.q_row);
+                    (kv, q) = (kv + s.kv_heads, q + s.q_heads);
+                }
+                assert_eq!((kv, q), (spec.num_kv_heads, spec.num_q_heads));
                 let block_tokens = spec.block_tokens as usize;
                 w.layout_shape.insert(out.id, Shape { info, block_tokens });
             }
@@ -231,6 +248,9 @@ fn step(op: u32, u: &mut Unstructured<'_>, w: &mut World, arenas: &mut Vec<Vec<u
             let s = unsafe { kvs_lookup_prefix(req, keys, n, small(u, 0, 64) as usize, &mut hits) };
             if keys.is_null() && n > 0 {
                 assert_eq!(s, KvsStatus::NullPointer);
+            }
+            if n == 0 && s == KvsStatus::Ok {
+                assert_eq!(hits, 0);
             }
             ok(s)
         }

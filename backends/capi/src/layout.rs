@@ -4,7 +4,7 @@ use kvslice_core::{KeyOrder, KvDtype, KvLayout, LayerGrouping, LayoutSpec};
 
 use crate::handles::{self, Object};
 use crate::status::{Failure, Outcome, call};
-use crate::{KvsLayout, KvsLayoutInfo, KvsLayoutSpec, KvsStatus, args, types};
+use crate::{KvsLayout, KvsLayoutInfo, KvsLayoutSpec, KvsShardInfo, KvsStatus, args, types};
 
 pub(crate) fn get(layout: KvsLayout) -> Outcome<KvLayout> {
     handles::get(layout.id, "layout", |o| match o {
@@ -88,6 +88,35 @@ pub unsafe extern "C" fn kvs_layout_info(layout: KvsLayout, out: *mut KvsLayoutI
             head_shards: l.num_head_shards(),
             kv_row: shard.num_kv_heads() * l.head_dim(),
             q_row: shard.num_q_heads() * l.head_dim(),
+        };
+        // SAFETY: checked above; the caller's promise on `out`.
+        unsafe { args::write_out(out, info, "out") }
+    })
+}
+
+/// Head shard `shard`'s heads and row sizes, written to `out`;
+/// `KVS_STATUS_INVALID_ARGUMENT` past the layout's shards.
+///
+/// # Safety
+///
+/// `out` points to writable memory for a `KvsShardInfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvs_layout_shard_info(
+    layout: KvsLayout,
+    shard: u32,
+    out: *mut KvsShardInfo,
+) -> KvsStatus {
+    call(|| {
+        args::check_out(out, "out")?;
+        let l = get(layout)?;
+        let s = l.head_shard(shard)?;
+        let info = KvsShardInfo {
+            first_kv_head: s.kv_heads().start,
+            kv_heads: s.num_kv_heads(),
+            first_q_head: s.q_heads().start,
+            q_heads: s.num_q_heads(),
+            kv_row: s.num_kv_heads() * l.head_dim(),
+            q_row: s.num_q_heads() * l.head_dim(),
         };
         // SAFETY: checked above; the caller's promise on `out`.
         unsafe { args::write_out(out, info, "out") }

@@ -88,7 +88,7 @@ pub use events::{
     KVS_MEDIUM_DISK, KVS_MEDIUM_GPU, KVS_MEDIUM_REMOTE, KvsEvent, KvsEventStats, kvs_events_drain,
     kvs_events_snapshot, kvs_events_stats, kvs_store_new_with_events,
 };
-pub use layout::{kvs_layout_destroy, kvs_layout_info, kvs_layout_new};
+pub use layout::{kvs_layout_destroy, kvs_layout_info, kvs_layout_new, kvs_layout_shard_info};
 pub use memory::{kvs_memory_destroy, kvs_memory_wrap};
 pub use request::{
     KVS_PAGE_RELEASED, kvs_allocate, kvs_block_table, kvs_lookup_prefix, kvs_publish,

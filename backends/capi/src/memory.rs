@@ -57,7 +57,8 @@ impl Drop for Claim {
 /// one store (`kvs_store_new`'s `memory`). The store lays pages out from
 /// the first address aligned for the layout's dtype; `kvs_layout_info`'s
 /// `page_bytes` times the capacity, plus up to 64 bytes of alignment
-/// slack, must fit.
+/// slack, must fit. The bytes are zeroed here, so a store's pages start
+/// zeroed, as the pages of a store that allocates its own do.
 ///
 /// # Safety
 ///
@@ -91,6 +92,11 @@ pub unsafe extern "C" fn kvs_memory_wrap(
             in_use: ClaimFlag::new(),
         });
         let id = handles::insert(Object::Memory(memory))?;
+        // Rust may only make a `&mut [u8]` of initialised bytes, and C's
+        // `malloc` gives none: write every byte before a store can claim
+        // them (the handle is not the caller's yet, so nothing can).
+        // SAFETY: the caller promises `len` writable bytes at `ptr`.
+        unsafe { core::ptr::write_bytes(ptr.cast::<u8>(), 0, len) };
         // SAFETY: checked non-null and aligned above; the caller promises
         // it is writable.
         unsafe { args::write_out(out, KvsMemory { id }, "out") }

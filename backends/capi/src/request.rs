@@ -257,10 +257,10 @@ pub extern "C" fn kvs_request_end(request: KvsRequest) -> KvsStatus {
     })
 }
 
-/// The lane all of `keys` belong to.
-fn keys_lane(r: &RequestObj, keys: &[KvsKey]) -> Outcome<usize> {
+/// The lane all of `keys` belong to; `None` for no keys.
+fn keys_lane(r: &RequestObj, keys: &[KvsKey]) -> Outcome<Option<usize>> {
     let Some(first) = keys.first() else {
-        return Err(Failure::new(KvsStatus::InvalidLength, "no keys"));
+        return Ok(None);
     };
     if keys
         .iter()
@@ -270,20 +270,24 @@ fn keys_lane(r: &RequestObj, keys: &[KvsKey]) -> Outcome<usize> {
             "keys of one call must share a layer group and head shard",
         ));
     }
-    r.lane_index(first.layer_group, first.head_shard)
+    r.lane_index(first.layer_group, first.head_shard).map(Some)
 }
 
 /// Looks up the longest cached prefix of `keys` (in sequence order, one
 /// lane) and appends its pages, each with a reference, to the request's
 /// block table for that lane; writes how many to `hits`. `total_tokens`
 /// (the tokens the keys cover) sizes the miss count in the stats.
+/// No keys (a prompt shorter than one block has no full block to look
+/// up; `keys` may then be null) is 0 hits, counted as a lookup that
+/// missed `total_tokens`.
 ///
 /// Lock-free with the default policy: per block a map read, a reference
 /// count and a wait-free record of the access.
 ///
 /// # Safety
 ///
-/// `keys` points to `n_keys` keys; `hits` to a writable `size_t`.
+/// `keys` points to `n_keys` keys (or is null for none); `hits` to a
+/// writable `size_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvs_lookup_prefix(
     request: KvsRequest,
@@ -311,7 +315,9 @@ pub unsafe extern "C" fn kvs_lookup_prefix(
                 &guard,
                 &mut found,
             )?;
-            r.lanes[lane].extend(found.into_iter().map(|p| Slot::Held(p.into_token())));
+            if let Some(lane) = lane {
+                r.lanes[lane].extend(found.into_iter().map(|p| Slot::Held(p.into_token())));
+            }
             r.scratch = slice_keys;
             Ok(n)
         })?;

@@ -129,10 +129,32 @@ pub struct KvsLayoutInfo {
     pub layer_groups: u32,
     /// Head shards.
     pub head_shards: u32,
-    /// Floats per token of K (or V) for one layer and shard: kv heads of
-    /// the shard times `head_dim`.
+    /// Floats per token of K (or V) for one layer of shard 0: its kv
+    /// heads times `head_dim`. Shards differ when the kv heads do not
+    /// divide evenly (the first `kv_heads % head_shards` get one more):
+    /// `kvs_layout_shard_info` gives each shard's.
     pub kv_row: u32,
-    /// Floats per token of queries for one layer and shard.
+    /// Floats per token of queries for one layer of shard 0.
+    pub q_row: u32,
+}
+
+/// One head shard's heads and row sizes (`kvs_layout_shard_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvsShardInfo {
+    /// The shard's first kv head.
+    pub first_kv_head: u32,
+    /// Its kv heads.
+    pub kv_heads: u32,
+    /// Its first query head.
+    pub first_q_head: u32,
+    /// Its query heads.
+    pub q_heads: u32,
+    /// Floats per token of K (or V) for one layer of the shard: what
+    /// `kvs_write_kv` takes per token.
+    pub kv_row: u32,
+    /// Floats per token of queries (and outputs) for one layer of the
+    /// shard: what `kvs_attend` takes per query row.
     pub q_row: u32,
 }
 

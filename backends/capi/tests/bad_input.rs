@@ -176,11 +176,6 @@ fn refused_calls_say_why_and_change_nothing() {
                 KvsStatus::NullPointer,
             ),
             (
-                "lookup, no keys",
-                kvs_lookup_prefix(f.req, f.keys.as_ptr(), 0, 4, &mut n),
-                KvsStatus::InvalidLength,
-            ),
-            (
                 "lookup, huge length",
                 kvs_lookup_prefix(f.req, f.keys.as_ptr(), usize::MAX / 8, 4, &mut n),
                 KvsStatus::InvalidLength,
@@ -614,4 +609,178 @@ fn a_stale_handle_stays_refused_after_its_slot_is_reused() {
     }
     assert!(reused > 10_000, "the slot was reused {reused} times");
     assert_eq!(kvs_request_end(old), KvsStatus::InvalidHandle);
+}
+
+/// A prompt shorter than one block plans no full block: its lookup of no
+/// keys (null allowed) is 0 hits, counted as a lookup that missed its
+/// tokens, and changes the request's block tables not at all.
+#[test]
+fn a_lookup_of_no_keys_finds_nothing() {
+    let f = fixture();
+    let mut req = KvsRequest { id: 0 };
+    let tokens = [9u32];
+    let plan = KvsPlanRequest {
+        tokens: tokens.as_ptr(),
+        n_tokens: 1,
+        salt: ptr::null(),
+        salt_len: 0,
+        range_start: 0,
+        range_end: 0,
+        layer_group: 0,
+        head_shard: 0,
+    };
+    let mut keys = [KvsKey::default(); 1];
+    let mut info = KvsPlanInfo::default();
+    let (mut before, mut after) = (KvsStats::default(), KvsStats::default());
+    let mut hits = 7usize;
+    let mut table = [0u32; 4];
+    let mut len = 0usize;
+    // SAFETY: every pointer is to a live local of the stated size.
+    unsafe {
+        assert_eq!(kvs_request_begin(f.store, &mut req), KvsStatus::Ok);
+        assert_eq!(
+            kvs_plan(f.coord, &plan, keys.as_mut_ptr(), 1, &mut info),
+            KvsStatus::Ok
+        );
+        assert_eq!((info.blocks, info.full_blocks), (1, 0));
+        assert_eq!(kvs_store_stats(f.store, &mut before), KvsStatus::Ok);
+        for keys in [ptr::null(), keys.as_ptr()] {
+            hits = 7;
+            assert_eq!(
+                kvs_lookup_prefix(req, keys, info.full_blocks, 1, &mut hits),
+                KvsStatus::Ok,
+                "{}",
+                last_error()
+            );
+            assert_eq!(hits, 0);
+        }
+        assert_eq!(kvs_store_stats(f.store, &mut after), KvsStatus::Ok);
+        assert_eq!(
+            kvs_block_table(req, 0, 0, table.as_mut_ptr(), table.len(), &mut len),
+            KvsStatus::Ok
+        );
+    }
+    assert_eq!(hits, 0);
+    assert_eq!(after.lookups, before.lookups + 2);
+    assert_eq!(after.miss_tokens, before.miss_tokens + 2);
+    assert_eq!(after.hit_blocks, before.hit_blocks);
+    assert_eq!(len, 0, "no page appended");
+}
+
+/// `kvs_memory_wrap` zeroes the caller's bytes when it takes them (C's
+/// `malloc` leaves them uninitialised, which no Rust slice may cover).
+#[test]
+fn wrapped_memory_is_zeroed() {
+    let mut bytes = vec![0xabu8; 4096];
+    let mut m = KvsMemory { id: 0 };
+    // SAFETY: `bytes` outlives the handle, destroyed before it is read.
+    unsafe {
+        assert_eq!(
+            kvs_memory_wrap(bytes.as_mut_ptr().cast(), bytes.len(), &mut m),
+            KvsStatus::Ok
+        );
+    }
+    assert_eq!(kvs_memory_destroy(m), KvsStatus::Ok);
+    assert!(bytes.iter().all(|&b| b == 0));
+}
+
+/// Three kv heads over two shards: shard 0 has two, shard 1 one, and
+/// `kvs_layout_shard_info` gives each shard's rows, which is what
+/// `kvs_write_kv` takes for it (two tokens of shard 0's rows read as four
+/// of shard 1's, past its page).
+#[test]
+fn uneven_shards_report_their_own_rows() {
+    let spec = KvsLayoutSpec {
+        num_layers: 1,
+        num_q_heads: 6,
+        num_kv_heads: 3,
+        head_dim: 4,
+        block_tokens: 2,
+        dtype: KVS_DTYPE_F32,
+        layers_per_group: 1,
+        head_shards: 2,
+        ..Default::default()
+    };
+    let (mut layout, mut store, mut engine, mut req) = (
+        KvsLayout { id: 0 },
+        KvsStore { id: 0 },
+        KvsEngine { id: 0 },
+        KvsRequest { id: 0 },
+    );
+    let (mut info, mut s0, mut s1) = (
+        KvsLayoutInfo::default(),
+        KvsShardInfo::default(),
+        KvsShardInfo::default(),
+    );
+    // SAFETY: every pointer is to a live local of the stated size.
+    unsafe {
+        assert_eq!(kvs_layout_new(&spec, &mut layout), KvsStatus::Ok);
+        assert_eq!(kvs_layout_info(layout, &mut info), KvsStatus::Ok);
+        assert_eq!(kvs_layout_shard_info(layout, 0, &mut s0), KvsStatus::Ok);
+        assert_eq!(kvs_layout_shard_info(layout, 1, &mut s1), KvsStatus::Ok);
+        let mut s2 = KvsShardInfo::default();
+        assert_eq!(
+            kvs_layout_shard_info(layout, 2, &mut s2),
+            KvsStatus::InvalidArgument
+        );
+        assert_eq!(s2, KvsShardInfo::default(), "nothing written");
+        assert_eq!(
+            kvs_layout_shard_info(layout, 0, ptr::null_mut()),
+            KvsStatus::NullPointer
+        );
+    }
+    assert_eq!((info.kv_row, info.q_row), (8, 16));
+    let want0 = KvsShardInfo {
+        first_kv_head: 0,
+        kv_heads: 2,
+        first_q_head: 0,
+        q_heads: 4,
+        kv_row: 8,
+        q_row: 16,
+    };
+    let want1 = KvsShardInfo {
+        first_kv_head: 2,
+        kv_heads: 1,
+        first_q_head: 4,
+        q_heads: 2,
+        kv_row: 4,
+        q_row: 8,
+    };
+    assert_eq!((s0, s1), (want0, want1));
+    // SAFETY: every pointer is to a live local of the stated size.
+    unsafe {
+        assert_eq!(
+            kvs_store_new(layout, 4, ptr::null(), KvsMemory { id: 0 }, &mut store),
+            KvsStatus::Ok
+        );
+        assert_eq!(kvs_engine_new(1, &mut engine), KvsStatus::Ok);
+        assert_eq!(kvs_request_begin(store, &mut req), KvsStatus::Ok);
+        let mut first = 0;
+        assert_eq!(kvs_allocate(req, 0, 1, 1, &mut first), KvsStatus::Ok);
+        let rows = |row: u32| vec![0.5f32; 2 * row as usize];
+        // Two tokens, the page's room: shard 0's rows would be four.
+        for (row, fits) in [(s0.kv_row, false), (s1.kv_row, true)] {
+            let (k, v) = (rows(row), rows(row));
+            let w = KvsWrite {
+                layer: 0,
+                shard: 1,
+                start: 0,
+                k: k.as_ptr(),
+                k_len: k.len(),
+                v: v.as_ptr(),
+                v_len: v.len(),
+            };
+            let status = kvs_write_kv(engine, req, &w);
+            assert_eq!(
+                status == KvsStatus::Ok,
+                fits,
+                "{status:?}: {}",
+                last_error()
+            );
+        }
+        assert_eq!(kvs_request_end(req), KvsStatus::Ok);
+        assert_eq!(kvs_engine_destroy(engine), KvsStatus::Ok);
+        assert_eq!(kvs_store_destroy(store), KvsStatus::Ok);
+        assert_eq!(kvs_layout_destroy(layout), KvsStatus::Ok);
+    }
 }
