@@ -100,6 +100,8 @@ fn device_step(
         e.record_attend(&mut enc, pages, step, &call).unwrap();
     }
     e.queue().submit([enc.finish()]);
+    // One plan serves every iteration: free its parameter slots.
+    step.submitted();
     e.device()
         .poll(wgpu::PollType::wait_indefinitely())
         .unwrap();

@@ -39,6 +39,8 @@ pub(crate) struct Gpu {
     pub(crate) max_binding: u64,
     /// Storage buffers one shader stage may bind.
     pub(crate) max_storage_buffers: u32,
+    /// Binding indices stay below this.
+    pub(crate) max_bindings: u32,
     pub(crate) max_workgroups_per_dim: u32,
     /// Offsets of storage bindings are multiples of this.
     pub(crate) storage_align: u64,
@@ -153,6 +155,7 @@ impl Gpu {
             },
             max_binding: binding / 4 * 4,
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
+            max_bindings: limits.max_bindings_per_bind_group,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
             storage_align: u64::from(limits.min_storage_buffer_offset_alignment),
             uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment),

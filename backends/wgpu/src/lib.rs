@@ -22,7 +22,9 @@
 //!   registers); elsewhere one thread scores one key. Scores and softmax
 //!   stay in f32.
 //! - K/V in f32, f16, bf16, int8 or fp8 (E4M3) with a scale per row; new
-//!   K/V is rounded (or quantised) by a kernel exactly as the host does.
+//!   K/V is rounded (or quantised) by a kernel with the host's formulas
+//!   (bit for bit for f16 and bf16; int8 and fp8 rows within a code of
+//!   the host's where the adapter's division is not exact).
 //! - The adapter comes from `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` or is the
 //!   default; device loss, validation errors and out-of-memory are
 //!   [`kvslice_core::Error::Device`] with a [`kvslice_core::DeviceFailure`].

@@ -74,8 +74,7 @@ impl DevicePages {
             });
         }
         let chunks = num_pages.div_ceil(pages_per_chunk).max(1);
-        // The attention kernel binds four other storage buffers.
-        let room = gpu.max_storage_buffers.saturating_sub(4);
+        let room = chunk_room(gpu.max_storage_buffers, gpu.max_bindings);
         if chunks > room {
             return Err(Error::Device {
                 kind: DeviceFailure::OutOfMemory,
@@ -184,5 +183,32 @@ impl DevicePages {
             }
             Ok(())
         })?
+    }
+}
+
+/// Pool chunks a kernel can bind: the attention kernel binds four other
+/// storage buffers, and its chunks take bindings 5 on (binding indices
+/// stay below `max_bindings`, 1,000 by default, whatever the storage
+/// limit).
+fn chunk_room(max_storage_buffers: u32, max_bindings: u32) -> u32 {
+    let first = crate::shader::first_pool_binding(crate::shader::Kernel::Attend);
+    max_storage_buffers
+        .saturating_sub(4)
+        .min(max_bindings.saturating_sub(first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_room;
+
+    #[test]
+    fn chunks_fit_both_storage_and_binding_limits() {
+        // lavapipe-like: the storage limit binds.
+        assert_eq!(chunk_room(8, 1000), 4);
+        // A large GPU's storage limit past the binding indices: bindings 5
+        // to 999 are all there is.
+        assert_eq!(chunk_room(1 << 20, 1000), 995);
+        assert_eq!(chunk_room(3, 1000), 0);
+        assert_eq!(chunk_room(1 << 20, 4), 0);
     }
 }

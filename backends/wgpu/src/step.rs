@@ -84,10 +84,15 @@ pub struct DeviceAppend<'a> {
     pub v: DeviceRegion<'a>,
 }
 
+/// The longest context a device plan takes (2^31 - 1 tokens).
+const MAX_DEVICE_CONTEXT: usize = (1 << 31) - 1;
+
 /// What a plan fixed, checked by every recorded call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Planned {
     pub layout: KvLayout,
+    /// The layer group whose pages the block tables name.
+    pub layer_group: u32,
     pub num_pages: u32,
     pub q_heads: u32,
     pub kv_heads: u32,
@@ -141,6 +146,42 @@ impl DeviceStep {
             partials: Scratch::new("kvslice partials", storage),
             params: ParamSlots::new(),
         }
+    }
+
+    /// Says that everything recorded with this step has been submitted
+    /// (`queue().submit`), so the parameter slots its calls took are free
+    /// for the next recordings, as [`WgpuEngine::plan`] frees them. A step
+    /// recorded into many submissions on one plan needs this between
+    /// them; without it, every call takes a new slot and the step's
+    /// parameter buffers keep growing. Called before the submission, the
+    /// recorded passes would read later calls' parameters.
+    ///
+    /// ```no_run
+    /// # use kvslice_core::{KvDtype, KvLayout, LayoutSpec, PageId, SeqAttention};
+    /// # use kvslice_wgpu::{DeviceAttend, DeviceRegion, WgpuEngine};
+    /// # let engine = WgpuEngine::new()?;
+    /// # let layout = KvLayout::new(LayoutSpec::new(1, 4, 1, 8, 4, KvDtype::F16))?;
+    /// # let pages = engine.pages(layout, 2)?;
+    /// # let table = [PageId(0), PageId(1)];
+    /// # let seqs = [SeqAttention { block_table: &table, kv_len: 6, q_len: 1 }];
+    /// # let usage = wgpu::BufferUsages::STORAGE;
+    /// # let make = |label| engine.device().create_buffer(&wgpu::BufferDescriptor {
+    /// #     label: Some(label), size: 128, usage, mapped_at_creation: false,
+    /// # });
+    /// # let (q, out) = (make("q"), make("out"));
+    /// let mut step = engine.step();
+    /// engine.plan(&mut step, &pages, 0, &seqs, None)?;
+    /// for _ in 0..100 {
+    ///     let mut encoder = engine.device().create_command_encoder(&Default::default());
+    ///     let call = DeviceAttend { layer: 0, scale: 0.35, queries: DeviceRegion::new(&q), out: DeviceRegion::new(&out) };
+    ///     engine.record_attend(&mut encoder, &pages, &mut step, &call)?;
+    ///     engine.queue().submit([encoder.finish()]);
+    ///     step.submitted();
+    /// }
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn submitted(&mut self) {
+        self.params.reset();
     }
 
     /// Query tokens of the planned batch (0 before the first plan).
@@ -247,6 +288,13 @@ impl WgpuEngine {
     /// engine.queue().submit([encoder.finish()]);
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
+    ///
+    /// The block tables name pages of layer group 0, which holds every
+    /// layer in the default layout ([`LayerGrouping::AllLayers`]); with
+    /// several groups, plan each group's tables into a step of its own
+    /// with [`plan_group`](Self::plan_group).
+    ///
+    /// [`LayerGrouping::AllLayers`]: kvslice_core::LayerGrouping::AllLayers
     pub fn plan(
         &self,
         step: &mut DeviceStep,
@@ -255,11 +303,46 @@ impl WgpuEngine {
         seqs: &[SeqAttention<'_>],
         window: Option<u32>,
     ) -> Result<()> {
+        self.plan_group(step, pages, 0, shard, seqs, window)
+    }
+
+    /// [`plan`](Self::plan) for block tables of layer group `layer_group`:
+    /// `record_append` and `record_attend` on the step then take only
+    /// that group's layers (another layer is an [`Error::InvalidValue`],
+    /// never a read of the wrong layer's K/V).
+    ///
+    /// ```no_run
+    /// use kvslice_core::{KvDtype, KvLayout, LayerGrouping, LayoutSpec, PageId, SeqAttention};
+    /// use kvslice_wgpu::WgpuEngine;
+    ///
+    /// let engine = WgpuEngine::new()?;
+    /// let spec = LayoutSpec::new(2, 4, 1, 8, 4, KvDtype::F16).with_grouping(LayerGrouping::PerLayer);
+    /// let layout = KvLayout::new(spec)?;
+    /// let pages = engine.pages(layout, 8)?;
+    /// // Layer 0's pages, then layer 1's, for the same six tokens.
+    /// let tables = [[PageId(0), PageId(1)], [PageId(2), PageId(3)]];
+    /// let mut steps = [engine.step(), engine.step()];
+    /// for (group, (step, table)) in steps.iter_mut().zip(&tables).enumerate() {
+    ///     let seqs = [SeqAttention { block_table: table, kv_len: 6, q_len: 1 }];
+    ///     engine.plan_group(step, &pages, group as u32, 0, &seqs, None)?;
+    /// }
+    /// # Ok::<(), kvslice_core::Error>(())
+    /// ```
+    pub fn plan_group(
+        &self,
+        step: &mut DeviceStep,
+        pages: &DevicePages,
+        layer_group: u32,
+        shard: u32,
+        seqs: &[SeqAttention<'_>],
+        window: Option<u32>,
+    ) -> Result<()> {
         self.check_memory(pages)?;
         self.check_step(step)?;
+        let first_layer = pages.layout().group_layers(layer_group)?.start;
         let batch = AttentionBatch {
             window,
-            ..AttentionBatch::new(0, shard, seqs, &[], 1.0)
+            ..AttentionBatch::new(first_layer, shard, seqs, &[], 1.0)
         };
         let shape = batch.validate_shape(pages)?;
         self.plan_checked(step, pages, &batch, &shape)
@@ -274,6 +357,7 @@ impl WgpuEngine {
         shape: &BatchShape,
     ) -> Result<()> {
         let (kv_heads, q_tokens) = (shape.shard.num_kv_heads(), shape.q_tokens);
+        let (layer_group, _) = pages.layout().layer_group(batch.layer)?;
         step.planned = None;
         step.params.reset();
         let layout = *pages.layout();
@@ -287,10 +371,12 @@ impl WgpuEngine {
             let per_lane = (64 * g / hd).max(1);
             max_rows = max_rows.min(1 << per_lane.ilog2());
         }
-        // The shaders count positions in u32.
-        if batch.seqs.iter().any(|s| s.kv_len > u32::MAX as usize) {
+        // The shaders count positions in u32, and a split's end (a key
+        // plus up to a context's worth, rounded up to a key tile) must
+        // not wrap: contexts stay below 2^31.
+        if batch.seqs.iter().any(|s| s.kv_len > MAX_DEVICE_CONTEXT) {
             return Err(Error::Overflow(
-                "a context past 2^32 - 1 tokens on the device",
+                "a context past 2^31 - 1 tokens on the device",
             ));
         }
         let rows = tile_rows(
@@ -339,6 +425,7 @@ impl WgpuEngine {
         })??;
         step.planned = Some(Planned {
             layout,
+            layer_group,
             num_pages: pages.num_pages(),
             q_heads: gqa * kv_heads,
             kv_heads,
@@ -591,7 +678,14 @@ impl WgpuEngine {
         self.check_memory(pages)?;
         self.check_step(step)?;
         let p = *step.planned_for(pages)?;
-        let (_, layer_in_group) = p.layout.layer_group(layer)?;
+        let (group, layer_in_group) = p.layout.layer_group(layer)?;
+        if group != p.layer_group {
+            // The tables name another group's pages: recording would read
+            // (or write) their layer `layer_in_group` instead.
+            return Err(Error::InvalidValue(
+                "the layer is in another layer group than the step's plan (see plan_group)",
+            ));
+        }
         Ok((p, layer_in_group))
     }
 

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use kvslice_core::testkit::{Rng, accuracy_suite_on};
 use kvslice_core::{
     AttentionBatch, AttentionEngine, DeviceFailure, Error, KeyOrder, KvDtype, KvLayout, KvWrite,
-    LayoutSpec, PageBuf, PageGeometry, PageId, PageMemory, ReferenceEngine, Result, SeqAttention,
+    LayerGrouping, LayoutSpec, PageBuf, PageGeometry, PageId, PageMemory, ReferenceEngine, Result,
+    SeqAttention,
 };
 use kvslice_wgpu::{DeviceAppend, DeviceAttend, DevicePages, DeviceRegion, DeviceStep, WgpuEngine};
 
@@ -92,7 +93,15 @@ impl AttentionEngine<DevicePages> for ThroughBuffers {
         batch.validate(pages, out.len())?;
         let e = &self.e;
         let mut step = self.step.lock().unwrap();
-        e.plan(&mut step, pages, batch.shard, batch.seqs, batch.window)?;
+        let (group, _) = pages.layout().layer_group(batch.layer)?;
+        e.plan_group(
+            &mut step,
+            pages,
+            group,
+            batch.shard,
+            batch.seqs,
+            batch.window,
+        )?;
         let a = e.offset_alignment();
         let bytes = out.len() as u64 * 4;
         let (q_at, out_at) = (a, (a + bytes).next_multiple_of(a));
@@ -133,7 +142,8 @@ impl ThroughBuffers {
             kv_len: w.start + tokens,
             q_len: tokens,
         }];
-        e.plan(&mut step, pages, w.shard, &seqs, None)?;
+        let (group, _) = pages.layout().layer_group(w.layer)?;
+        e.plan_group(&mut step, pages, group, w.shard, &seqs, None)?;
         let a = e.offset_alignment();
         let bytes = w.k.len() as u64 * 4;
         let v_at = bytes.next_multiple_of(a);
@@ -427,6 +437,42 @@ fn warm_calls_create_no_buffers() {
         one_round(&mut pages);
     }
     assert_eq!(e.buffers_created(), warm, "buffers created after warm-up");
+    // One plan recorded into many submissions: each submission's calls
+    // take the slots the last one freed (`submitted`), so nothing grows;
+    // without it the parameter slots run out and a buffer is made.
+    let attend_all = |step: &mut DeviceStep, pages: &DevicePages| {
+        let mut enc = e.device().create_command_encoder(&Default::default());
+        for layer in 0..30 {
+            let call = DeviceAttend {
+                layer,
+                scale: 0.25,
+                queries: DeviceRegion::new(&q_buf),
+                out: DeviceRegion::new(&out_buf),
+            };
+            e.record_attend(&mut enc, pages, step, &call).unwrap();
+        }
+        e.queue().submit([enc.finish()]);
+    };
+    step.submitted();
+    for _ in 0..8 {
+        attend_all(&mut step, &pages);
+        step.submitted();
+    }
+    assert_eq!(
+        e.buffers_created(),
+        warm,
+        "buffers created on a reused plan"
+    );
+    for _ in 0..8 {
+        attend_all(&mut step, &pages);
+    }
+    assert!(
+        e.buffers_created() > warm,
+        "slots were never freed, yet none ran out"
+    );
+    e.device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .unwrap();
 }
 
 fn is_device(err: &Error, want: DeviceFailure) -> bool {
@@ -652,7 +698,8 @@ fn a_device_lost_mid_step_is_reported() {
 
 /// Positions past u32 (the shaders' integers) are refused on the device
 /// rather than cut: a write the host stores at slot 1 of its block would
-/// land at slot 0, and a plan would name page `u32::MAX`.
+/// land at slot 0, and a plan would name page `u32::MAX`. Plans stop at
+/// contexts of 2^31 - 1, where a split's end could wrap.
 #[test]
 fn positions_past_u32_are_refused() {
     let Some(e) = engine("positions_past_u32_are_refused") else {
@@ -682,4 +729,110 @@ fn positions_past_u32_are_refused() {
     let mut step = e.step();
     let err = e.plan(&mut step, &pages, 0, &seqs, Some(1)).unwrap_err();
     assert!(matches!(err, Error::Overflow(_)), "{err}");
+    // A split's end must not wrap either: the last key plus a split,
+    // rounded up to a tile, fits u32 only below 2^31.
+    for (kv_len, fits) in [
+        (u32::MAX as usize, false),
+        (1 << 31, false),
+        ((1 << 31) - 1, true),
+    ] {
+        let mut table = vec![PageId::PLACEHOLDER; kv_len.div_ceil(bt as usize)];
+        *table.last_mut().unwrap() = PageId(0);
+        let seqs = [SeqAttention {
+            block_table: &table,
+            kv_len,
+            q_len: 1,
+        }];
+        // A window of one token reads only the last page, the real one.
+        let got = e.plan(&mut step, &pages, 0, &seqs, Some(1));
+        if fits {
+            got.unwrap();
+        } else {
+            assert!(matches!(got, Err(Error::Overflow(_))), "{kv_len}: {got:?}");
+        }
+    }
+}
+
+/// A layout of one page per layer: a step planned on one layer group's
+/// block tables attends over that group's pages, and refuses the layers
+/// of another group rather than reading their K/V from the wrong pages.
+#[test]
+fn each_layer_group_is_planned_apart() {
+    let Some(e) = engine("each_layer_group_is_planned_apart") else {
+        return;
+    };
+    let spec = LayoutSpec::new(2, 4, 1, 8, 4, KvDtype::F32).with_grouping(LayerGrouping::PerLayer);
+    let layout = KvLayout::new(spec).unwrap();
+    let mut pages = e.pages(layout, 4).unwrap();
+    // Six tokens per layer, keys zero (attention is the values' mean),
+    // values 1.0 in layer 0's pages and 2.0 in layer 1's.
+    let tables = [[PageId(0), PageId(1)], [PageId(2), PageId(3)]];
+    for (layer, table) in tables.iter().enumerate() {
+        let w = KvWrite {
+            layer: layer as u32,
+            shard: 0,
+            block_table: table,
+            start: 0,
+            k: &[0.0; 6 * 8],
+            v: &[layer as f32 + 1.0; 6 * 8],
+        };
+        e.write_kv(&mut pages, &w).unwrap();
+    }
+    let q = caller_buffer(&e, 4 * 8 * 4);
+    let out = caller_buffer(&e, 4 * 8 * 4);
+    let attend = |layer| DeviceAttend {
+        layer,
+        scale: 0.5,
+        queries: DeviceRegion::new(&q),
+        out: DeviceRegion::new(&out),
+    };
+    let mut steps = [e.step(), e.step()];
+    for (group, (step, table)) in steps.iter_mut().zip(&tables).enumerate() {
+        let seqs = [SeqAttention {
+            block_table: table,
+            kv_len: 6,
+            q_len: 1,
+        }];
+        e.plan_group(step, &pages, group as u32, 0, &seqs, None)
+            .unwrap();
+    }
+    for (layer, step) in steps.iter_mut().enumerate() {
+        let mut enc = e.device().create_command_encoder(&Default::default());
+        e.record_attend(&mut enc, &pages, step, &attend(layer as u32))
+            .unwrap();
+        let got = submit_and_read(&e, enc, &out, 0, 4 * 8);
+        assert!(
+            got.iter().all(|&x| x == layer as f32 + 1.0),
+            "layer {layer}: {got:?}"
+        );
+    }
+    // Layer 1 on the step planned over layer 0's pages (plan, as
+    // plan_group for group 0), and layer 0 on layer 1's: both refused.
+    let seqs = [SeqAttention {
+        block_table: &tables[0],
+        kv_len: 6,
+        q_len: 1,
+    }];
+    e.plan(&mut steps[0], &pages, 0, &seqs, None).unwrap();
+    let mut enc = e.device().create_command_encoder(&Default::default());
+    for (layer, step) in [(1, 0), (0, 1)] {
+        let err = e
+            .record_attend(&mut enc, &pages, &mut steps[step], &attend(layer))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidValue(_)), "{err}");
+        let append = DeviceAppend {
+            layer,
+            k: DeviceRegion::new(&q),
+            v: DeviceRegion::new(&q),
+        };
+        let err = e
+            .record_append(&mut enc, &mut pages, &mut steps[step], &append)
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidValue(_)), "{err}");
+    }
+    // A group the layout does not have.
+    let err = e
+        .plan_group(&mut steps[0], &pages, 2, 0, &seqs, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::OutOfRange { .. }), "{err}");
 }
