@@ -87,3 +87,34 @@ fn options_a_command_does_not_use_are_refused() {
     let err = fails(&["route", "--trace", TRACE, "--threads", "2"]);
     assert!(err.contains("--threads"), "{err}");
 }
+
+/// The model commands check their options before loading a model: with
+/// no model at the path, each still names the bad option, not the model.
+#[test]
+fn model_commands_refuse_bad_options_before_the_model() {
+    let nowhere = "/nonexistent/kvslice-test/model.gguf";
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", nowhere, "--prompt", "hi"];
+        args.extend_from_slice(extra);
+        fails(&args)
+    };
+    let err = generate(&["--max-prompt-tokens", "8", "--truncate", "sinks:x"]);
+    assert!(err.contains("--truncate \"sinks:x\""), "{err}");
+    let err = generate(&["--max-prompt-tokens", "0"]);
+    assert!(err.contains("zero tokens"), "{err}");
+    let err = generate(&["--max-prompt-tokens", "8", "--truncate", "sinks:8"]);
+    assert!(err.contains("sink tokens"), "{err}");
+    let err = generate(&["--kv-dtype", "int4"]);
+    assert!(err.contains("unknown K/V dtype"), "{err}");
+    for command in ["profile", "model-bench"] {
+        let err = fails(&[command, "--model", nowhere, "--kv-dtype", "int4"]);
+        assert!(err.contains("unknown K/V dtype"), "{command}: {err}");
+        let err = fails(&[command, "--model", nowhere, "--engine", "tpu"]);
+        assert!(err.contains("tpu"), "{command}: {err}");
+    }
+    let err = fails(&["kv-accuracy", "--model", nowhere, "--engine", "tpu"]);
+    assert!(err.contains("tpu"), "{err}");
+    // A good command line gets as far as the model, and names it.
+    let err = generate(&["--max-prompt-tokens", "8", "--truncate", "sinks:2"]);
+    assert!(err.contains("no model at"), "{err}");
+}

@@ -503,6 +503,49 @@ fn unsupported_ggufs_are_named() {
         matches!(err, LlmError::Tokenizer(ref m) if m.contains("byte-level")),
         "{err}"
     );
+    // Byte-level BPE without token types, then without an eos: each named.
+    let strings = |v: &[&str]| Value::Array(v.iter().map(|x| s(x)).collect());
+    let mut gpt2_tok = llama.clone();
+    gpt2_tok.pop();
+    gpt2_tok.extend([
+        ("tokenizer.ggml.model", s("gpt2")),
+        (
+            "tokenizer.ggml.tokens",
+            strings(&["a", "b", "ab", "<|im_start|>"]),
+        ),
+        ("tokenizer.ggml.merges", strings(&["a b"])),
+    ]);
+    let load = |name: &str, meta: &[(&str, Value)]| {
+        let meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+        ModelFile::load(&file(name, &meta), Matmuls::Quantized)
+            .err()
+            .unwrap()
+    };
+    let err = load("no-types.gguf", &gpt2_tok);
+    assert!(
+        matches!(err, LlmError::Tokenizer(ref m) if m.contains("token_type is missing")),
+        "{err}"
+    );
+    gpt2_tok.push((
+        "tokenizer.ggml.token_type",
+        Value::Array([1, 1, 1, 3].map(Value::I32).to_vec()),
+    ));
+    let err = load("no-eos.gguf", &gpt2_tok);
+    assert!(
+        matches!(err, LlmError::Tokenizer(ref m) if m.contains("eos_token_id")),
+        "{err}"
+    );
+    gpt2_tok.push(("tokenizer.ggml.eos_token_id", u(9)));
+    let err = load("far-eos.gguf", &gpt2_tok);
+    assert!(
+        matches!(err, LlmError::Tokenizer(ref m) if m.contains("eos_token_id")),
+        "{err}"
+    );
+    // With both, the tokenizer builds and the missing weights are named.
+    gpt2_tok.pop();
+    gpt2_tok.push(("tokenizer.ggml.eos_token_id", u(3)));
+    let err = load("no-weights.gguf", &gpt2_tok);
+    assert!(!matches!(err, LlmError::Tokenizer(_)), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -578,4 +621,43 @@ fn prompts_over_the_budget_are_cut_before_caching() {
         .generate(&store, &ids, 4, &[], Reuse::Tokens, &mut |_| {});
     assert!(err.is_err());
     assert_eq!(store.pool().free_pages(), 4096);
+}
+
+/// `profile` sizes its first strategy's store from the workload before any
+/// reply exists: a conversation of many short turns, whose prompts are
+/// mostly the chat template's markup and the replies, still fits (the
+/// bound counts the rendered template and `max_new` per reply), and the
+/// token strategy then reuses the earlier turns.
+#[test]
+fn profile_serves_many_short_turns() {
+    use kvslice_benches::llm::profile::{Workload, default_strategies, profile};
+    let Some((m, _)) = dense_prefill_model("profile_serves_many_short_turns") else {
+        return;
+    };
+    let workload = Workload {
+        system: "Be brief.".into(),
+        conversations: vec![vec!["hi".to_string(); 16]],
+    };
+    let strategies: Vec<_> = default_strategies(m.llama.config.layers)
+        .into_iter()
+        .filter(|s| s.name == "no-reuse" || s.name == "token")
+        .collect();
+    let engine = kvslice_cpu::CpuEngine::new();
+    let reports = profile(m, &engine, &workload, &strategies, 8, KvDtype::F16, false)
+        .expect("the workload fits the first strategy's store");
+    assert_eq!(reports.len(), 2);
+    assert!(reports.iter().all(|r| r.requests == 16));
+    // The last turn's prompt is past what the workload's characters and
+    // 8 tokens per reply would have bounded (the old estimate).
+    let old_bound = ("Be brief.".len() + 16 * 2 + 8 * 8).div_ceil(16) * 16 * 2;
+    assert!(
+        reports[0].prompt_range.1 > old_bound,
+        "{:?}",
+        reports[0].prompt_range
+    );
+    assert!(
+        reports[1].prompt_hit_ratio > 0.5,
+        "{}",
+        reports[1].prompt_hit_ratio
+    );
 }

@@ -140,7 +140,9 @@ pub struct GenerateArgs {
     pub truncate: String,
 }
 
-/// The `--max-prompt-tokens` / `--truncate` budget, if any.
+/// The `--max-prompt-tokens` / `--truncate` budget, if any, checked
+/// (a zero budget, or sinks that leave no tail, is an error here rather
+/// than at the first request).
 fn budget(args: &GenerateArgs) -> Result<Option<TokenBudget>, String> {
     let Some(max_tokens) = args.max_prompt_tokens else {
         return Ok(None);
@@ -157,10 +159,19 @@ fn budget(args: &GenerateArgs) -> Result<Option<TokenBudget>, String> {
             }
         },
     };
-    Ok(Some(TokenBudget {
+    let budget = TokenBudget {
         max_tokens,
         truncation,
-    }))
+    };
+    // An empty sequence fits any budget: only the budget's own values
+    // can be refused.
+    budget.dropped(0).map_err(|e| {
+        format!(
+            "--max-prompt-tokens {max_tokens} --truncate {}: {e}",
+            args.truncate
+        )
+    })?;
+    Ok(Some(budget))
 }
 
 /// Streams a conversation's replies and prints what the cache did.
@@ -181,6 +192,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
     // Options first: a typo should not cost a model load.
     let engine = engine(&args.model.engine)?;
     let dtype = parse_kv_dtype(&args.model.kv_dtype)?;
+    let budget = budget(args)?;
     let (model, _) = args.model.load()?;
     let layout = cache_layout(&model.llama.config, dtype).map_err(|e| e.to_string())?;
     let store = CacheStore::new(
@@ -190,7 +202,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let mut runner = Runner::new(&model.llama, &*engine, layout, *b"kvslice-generate");
-    if let Some(b) = budget(args)? {
+    if let Some(b) = budget {
         runner = runner.with_budget(b);
     }
     let reuse = if args.no_reuse {
@@ -363,8 +375,8 @@ pub fn run_kv_accuracy(args: &KvAccuracyArgs) -> Result<(), String> {
         kv_dtype: dtypes[0].name().into(),
         matmuls: "dense-prefill".into(),
     };
-    let (model, _) = model_args.load()?;
     let engine = engine(&args.engine)?;
+    let (model, _) = model_args.load()?;
     let rows = super::kv_accuracy::kv_accuracy(
         &model,
         &*engine,
@@ -393,7 +405,9 @@ pub fn run_profile(args: &ProfileArgs) -> Result<(), String> {
     if let Some(n) = args.conversations {
         workload.conversations.truncate(n);
     }
+    // Options first: a typo should not cost a model load.
     let engine = engine(&args.model.engine)?;
+    let dtype = parse_kv_dtype(&args.model.kv_dtype)?;
     let (model, _) = args.model.load()?;
     let mut strategies = default_strategies(model.llama.config.layers);
     if !args.strategies.is_empty() {
@@ -415,7 +429,7 @@ pub fn run_profile(args: &ProfileArgs) -> Result<(), String> {
         &workload,
         &strategies,
         args.max_new,
-        parse_kv_dtype(&args.model.kv_dtype)?,
+        dtype,
         !args.json,
     )
     .map_err(|e| e.to_string())?;
@@ -488,14 +502,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Decode step latency and prefill time, kvslice against candle's own
 /// quantized_llama, in one run.
 pub fn run_model_bench(args: &ModelBenchArgs) -> Result<(), String> {
+    // Options first: a typo should not cost three model loads.
+    let engine = engine(&args.model.engine)?;
+    let dtype = parse_kv_dtype(&args.model.kv_dtype)?;
     let (model, path) = args.model.load_as(Matmuls::Quantized)?;
     let (dense, _) = args.model.load_as(Matmuls::DensePrefill)?;
     let mut peer = CandleLlama::load(&path, Matmuls::Quantized).map_err(|e| e.to_string())?;
-    let engine = engine(&args.model.engine)?;
-    let layout = cache_layout(&model.llama.config, parse_kv_dtype(&args.model.kv_dtype)?)
-        .map_err(|e| e.to_string())?;
-    let runner = Runner::new(&model.llama, &*engine, layout, *b"kvslice-bench!!!");
-    let dense_runner = Runner::new(&dense.llama, &*engine, layout, *b"kvslice-bench!!!");
+    let layout = cache_layout(&model.llama.config, dtype).map_err(|e| e.to_string())?;
+    // Keys cover tokens and layout, not weights: the two matmul modes'
+    // K/V differ slightly, so their runners key apart (neither reuses
+    // here, but a store they shared must never serve one the other's).
+    let runner = Runner::new(&model.llama, &*engine, layout, *b"kvslice-bench-q4");
+    let dense_runner = Runner::new(&dense.llama, &*engine, layout, *b"kvslice-bench-dp");
     // A long, natural prompt: the workload's text, repeated.
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("data/chat_workload.json"),

@@ -233,17 +233,21 @@ where
         }
         let capacity = if si == 0 {
             // Enough for the longest request twice over, before anything is
-            // known; the first strategy publishes nothing anyway.
-            let longest: usize = workload
-                .conversations
-                .iter()
-                .map(|c| c.iter().map(String::len).sum::<usize>())
-                .max()
-                .unwrap_or(0)
-                + workload.system.len();
-            // Characters bound tokens from above for byte-level BPE.
+            // known (the first strategy publishes nothing anyway): each
+            // conversation's last prompt as the template renders it with
+            // empty replies, plus `max_new` tokens for each reply and for
+            // the last one's generation.
+            let mut longest = 0usize;
+            for turns in &workload.conversations {
+                let mut messages: Vec<(&str, &str)> = vec![("system", &workload.system)];
+                for user in turns {
+                    messages.extend([("user", user.as_str()), ("assistant", "")]);
+                }
+                messages.pop();
+                let tokens = codec.encode(&codec.chat(&messages, true)?)?.len();
+                longest = longest.max(tokens.saturating_add(turns.len().saturating_mul(max_new)));
+            }
             longest
-                .saturating_add(max_new.saturating_mul(8))
                 .div_ceil(bt)
                 .saturating_mul(layers * 2)
                 .min(u32::MAX as usize) as u32

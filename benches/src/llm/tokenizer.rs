@@ -82,15 +82,23 @@ impl TextCodec {
             ByteLevel::new(false, true, true).into(),
         ])));
         tokenizer.with_decoder(Some(ByteLevel::default()));
-        let types: Vec<i32> = match ct.metadata.get("tokenizer.ggml.token_type") {
-            Some(v) => v
-                .to_vec()
-                .map_err(|_| LlmError::Tokenizer("token_type is not an array".into()))?
-                .iter()
-                .map(|t| t.to_i32().unwrap_or(1))
-                .collect(),
-            None => Vec::new(),
-        };
+        // Without token types the chat template's control tokens would be
+        // split as text, and without an eos generation never stops: both
+        // are errors, not a quietly worse tokenizer.
+        let types: Vec<i32> = ct
+            .metadata
+            .get("tokenizer.ggml.token_type")
+            .ok_or_else(|| {
+                LlmError::Tokenizer(
+                    "tokenizer.ggml.token_type is missing (control tokens cannot be told from text)"
+                        .into(),
+                )
+            })?
+            .to_vec()
+            .map_err(|_| LlmError::Tokenizer("token_type is not an array".into()))?
+            .iter()
+            .map(|t| t.to_i32().unwrap_or(1))
+            .collect();
         let special: Vec<AddedToken> = tokens
             .iter()
             .zip(&types)
@@ -104,8 +112,14 @@ impl TextCodec {
             .metadata
             .get("tokenizer.ggml.eos_token_id")
             .and_then(|v| v.to_u32().ok())
-            .into_iter()
-            .collect();
+            .filter(|&id| (id as usize) < tokens.len())
+            .ok_or_else(|| {
+                LlmError::Tokenizer(
+                    "tokenizer.ggml.eos_token_id is missing or not a token (generation would not stop)"
+                        .into(),
+                )
+            })?;
+        let eos = vec![eos];
         let template = ct
             .metadata
             .get("tokenizer.chat_template")
