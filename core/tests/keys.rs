@@ -295,7 +295,7 @@ fn region_keys_follow_coordinates_tensor_and_scope() {
     let (hi, lo) = (3u64, 2u64);
     assert!(matches!(
         coord.region_key(&scope, 1, &[], 0),
-        Err(Error::OutOfRange { .. })
+        Err(Error::InvalidValue(_))
     ));
     assert!(matches!(
         coord.region_key(&scope, 1, std::slice::from_ref(&(hi..lo)), 0),
@@ -394,4 +394,32 @@ fn budgets_cut_before_keys_and_report_what_went() {
             .plan(&Request::new(&long).with_budget(last).with_range(5..30))
             .is_err()
     );
+    // Errors name the caller's positions, not the shifted ones: an end
+    // past the 30 tokens is 31, not 17.
+    let err = coord
+        .plan(&Request::new(&long).with_budget(last).with_range(20..31))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfRange {
+            what: "range end",
+            index: 31,
+            bound: 31
+        }
+    );
+    // A range of dropped tokens only, even one on the cut's edges, has
+    // nothing to plan, and says so.
+    for range in [4..18, 6..10] {
+        let err = coord
+            .plan(
+                &Request::new(&long)
+                    .with_budget(sinks)
+                    .with_range(range.clone()),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidValue(m) if m.contains("drops")),
+            "{range:?}: {err}"
+        );
+    }
 }

@@ -182,7 +182,10 @@ impl Coordinator {
         ranges: &[Range<u64>],
         index: u32,
     ) -> Result<SliceKey> {
-        if ranges.is_empty() || ranges.len() > MAX_REGION_DIMS {
+        if ranges.is_empty() {
+            return Err(Error::InvalidValue("a region of no dimensions"));
+        }
+        if ranges.len() > MAX_REGION_DIMS {
             return Err(Error::OutOfRange {
                 what: "dimensions of a region",
                 index: ranges.len() as u64,
@@ -319,6 +322,14 @@ impl Coordinator {
         let Some(d) = dropped else {
             return self.plan_tokens(root, req.tokens, &req.range, req.block_extras);
         };
+        // The caller's range, in the caller's positions, before the cut
+        // moves them.
+        range::check_range(&req.range, req.tokens.len())?;
+        if d.start <= req.range.start && req.range.end <= d.end {
+            return Err(Error::InvalidValue(
+                "the range holds only tokens the budget drops",
+            ));
+        }
         let cut = d.end - d.start;
         let shift = |p: usize, what: &'static str| -> Result<usize> {
             if p <= d.start {

@@ -8,11 +8,25 @@ use crate::error::{Error, Result};
 ///
 /// Any range that starts and ends in the same blocks maps to the same block
 /// range: with 128-token blocks, `0..127` and `0..128` both give `0..1`.
+/// Errors for an empty or reversed range, one past the sequence, and
+/// blocks of no tokens.
 pub fn canonical_blocks(
     range: &Range<usize>,
     seq_len: usize,
     block_tokens: u32,
 ) -> Result<Range<u32>> {
+    if block_tokens == 0 {
+        return Err(Error::InvalidValue("blocks of zero tokens"));
+    }
+    check_range(range, seq_len)?;
+    let bt = block_tokens as usize;
+    let first = u32::try_from(range.start / bt).map_err(|_| Error::Overflow("block index"))?;
+    let last = u32::try_from(range.end.div_ceil(bt)).map_err(|_| Error::Overflow("block index"))?;
+    Ok(first..last)
+}
+
+/// `range` is a non-empty range of a sequence of `seq_len` tokens.
+pub(crate) fn check_range(range: &Range<usize>, seq_len: usize) -> Result<()> {
     if range.start >= range.end {
         return Err(Error::InvalidRange {
             start: range.start as u64,
@@ -26,15 +40,20 @@ pub fn canonical_blocks(
             bound: seq_len as u64 + 1,
         });
     }
-    let bt = block_tokens as usize;
-    let first = u32::try_from(range.start / bt).map_err(|_| Error::Overflow("block index"))?;
-    let last = u32::try_from(range.end.div_ceil(bt)).map_err(|_| Error::Overflow("block index"))?;
-    Ok(first..last)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_of_no_tokens_are_an_error() {
+        assert!(matches!(
+            canonical_blocks(&(0..1), 1, 0),
+            Err(Error::InvalidValue(_))
+        ));
+    }
 
     #[test]
     fn ranges_snap_to_blocks() {

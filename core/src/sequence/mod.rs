@@ -144,6 +144,7 @@ pub trait SequenceTable {
 /// assert_eq!(first_kept_block(10, 4, 4)?, 1);
 /// assert_eq!(first_kept_block(10, 100, 4)?, 0);
 /// assert!(first_kept_block(10, 0, 4).is_err());
+/// assert!(first_kept_block(10, 4, 0).is_err());
 /// # Ok::<(), kvslice_core::Error>(())
 /// ```
 pub fn first_kept_block(len: usize, window: u32, block_tokens: u32) -> Result<usize> {
@@ -152,8 +153,11 @@ pub fn first_kept_block(len: usize, window: u32, block_tokens: u32) -> Result<us
             "attention window must be at least one token",
         ));
     }
+    if block_tokens == 0 {
+        return Err(crate::Error::InvalidValue("blocks of zero tokens"));
+    }
     let first = len.saturating_add(1).saturating_sub(window as usize);
-    Ok(first / block_tokens.max(1) as usize)
+    Ok(first / block_tokens as usize)
 }
 
 /// [`SequenceTable::release_before`] over one block table.
