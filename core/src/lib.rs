@@ -94,7 +94,7 @@ pub use layout::{
 pub use map::{MapCensus, SliceMap};
 pub use page::{
     KEY_LIMIT, KvRows, KvRowsMut, KvWrite, PageBuf, PageGeometry, PageId, PageMemory,
-    PageMemoryMut, ScaledRows, WriteShape, read_head_rows, write_kv,
+    PageMemoryMut, ScaledRows, VALUE_LIMIT, WriteShape, read_head_rows, write_kv,
 };
 pub use pool::{
     AllocMany, Evicting, FillToken, Life, PageHandle, PageInfo, PageMut, PagePool, PageRef,

@@ -82,6 +82,7 @@ fn the_issue_examples_have_their_documented_outcome() {
     assert_eq!(run("k f32::MAX in bf16"), too_large("key", 2, 0));
     assert_eq!(run("k 3e38 in f32"), too_large("key", 0, 5));
     assert_eq!(run("v 1e5 in f16"), too_large("value", 8, 17));
+    assert_eq!(run("v 3e38 in f32"), too_large("value", 0, 0));
     // In f32 pages the maths' limit: all weight on the big key's V = 7.
     match run("k 70000 in f32") {
         Outcome::Output(o) => assert!(o.iter().all(|x| (x - 7.0).abs() < 1e-4), "{o:?}"),

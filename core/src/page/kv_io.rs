@@ -88,6 +88,13 @@ fn read_scaled_rows(
 /// are below 10^4.
 pub const KEY_LIMIT: f32 = (1u64 << 56) as f32;
 
+/// The largest magnitude a value may have: attention sums a context's
+/// values weighted by at most 1 each before it divides, so with values
+/// below 2^90 no context of fewer than 2^37 tokens can overflow f32 on
+/// the way, in any engine's order of summation. Real values are below
+/// 10^4.
+pub const VALUE_LIMIT: f32 = (1u128 << 90) as f32;
+
 /// New K/V tokens for one layer and head shard, to be stored at positions
 /// `start..start + n` of a sequence whose pages are `block_table`.
 ///
@@ -95,11 +102,12 @@ pub const KEY_LIMIT: f32 = (1u64 << 56) as f32;
 ///
 /// Values are checked before anything is written: every value must be
 /// finite (else [`Error::InvalidValue`]) and fit the layout's dtype
-/// (70,000 does not fit f16), and keys must stay within ±[`KEY_LIMIT`]
+/// (70,000 does not fit f16), keys must stay within ±[`KEY_LIMIT`]
 /// (2^56), so that no attention score can overflow f32 (queries are
 /// bounded to match, see
-/// [`AttentionBatch::validate`](crate::AttentionBatch::validate)); else
-/// [`Error::ValueTooLarge`] names the token and element. A page the write
+/// [`AttentionBatch::validate`](crate::AttentionBatch::validate)), and
+/// values within ±[`VALUE_LIMIT`] (2^90), so that no weighted sum can;
+/// else [`Error::ValueTooLarge`] names the token and element. A page the write
 /// touches must not appear at another position of the block table
 /// ([`Error::DuplicatePage`]); attention itself may read one page at two
 /// positions.
@@ -172,7 +180,7 @@ impl KvWrite<'_> {
             return Err(Error::InvalidValue("non-finite K/V value"));
         }
         let dtype = layout.dtype();
-        for (what, src, limit) in [("key", w.k, KEY_LIMIT), ("value", w.v, f32::INFINITY)] {
+        for (what, src, limit) in [("key", w.k, KEY_LIMIT), ("value", w.v, VALUE_LIMIT)] {
             if let Some(i) = src.iter().position(|&x| x.abs() > limit || !dtype.fits(x)) {
                 return Err(Error::ValueTooLarge {
                     what,

@@ -9,7 +9,7 @@ mod kv_io;
 mod typed;
 
 pub use buf::PageBuf;
-pub use kv_io::{KEY_LIMIT, KvWrite, WriteShape, read_head_rows, write_kv};
+pub use kv_io::{KEY_LIMIT, KvWrite, VALUE_LIMIT, WriteShape, read_head_rows, write_kv};
 pub use typed::{KvRows, KvRowsMut, ScaledRows};
 pub(crate) use typed::{rows, rows_mut};
 

@@ -193,6 +193,17 @@ pub fn edge_cases(seed: u64, random: usize) -> Vec<EdgeCase> {
             0.5,
             0.18,
         ),
+        // Finite in f32 storage, but past the value limit: values of
+        // 3e38 and -3e38 would sum to +inf or NaN before the division.
+        simple(
+            "v 3e38 in f32",
+            layout(2, 1, 32, 16, KvDtype::F32),
+            4,
+            |_, _| 0.0,
+            |t, _| if t < 2 { 3e38 } else { -3e38 },
+            0.5,
+            0.18,
+        ),
         // A value f16 cannot hold.
         simple(
             "v 1e5 in f16",
