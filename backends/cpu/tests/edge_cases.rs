@@ -36,6 +36,10 @@ fn every_kernel_set_agrees_with_the_reference_on_edge_cases() {
                     .with_chunk_pages(usize::MAX)
                     .with_span_keys(usize::MAX)
                     .with_query_tile_rows(usize::MAX),
+                // Threads at their extreme, chunks sized from them:
+                // clamped, not overflowed (2^60 threads once wrapped the
+                // chunk count to zero and divided by it).
+                CpuEngine::new().with_kernels(*k).with_threads(1 << 60),
             ] {
                 let mut pages = PageBuf::new(case.layout, case.pages).unwrap();
                 let got = case.run(&engine, &mut pages);

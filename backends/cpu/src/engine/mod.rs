@@ -104,7 +104,9 @@ impl CpuEngine {
         }
     }
 
-    /// With a fixed number of threads (1 = the calling thread alone).
+    /// With a fixed number of threads (1 = the calling thread alone;
+    /// more than [`BUILDER_LIMIT`] is taken as that, as the other
+    /// builders take their sizes, so no task count can overflow).
     ///
     /// The calling thread computes tasks too; up to `threads − 1` workers
     /// of rayon's global pool (`RAYON_NUM_THREADS` sizes it) help. They
@@ -137,7 +139,7 @@ impl CpuEngine {
     /// # Ok::<(), kvslice_core::Error>(())
     /// ```
     pub fn with_threads(mut self, threads: usize) -> Self {
-        self.threads = threads.max(1);
+        self.threads = threads.clamp(1, BUILDER_LIMIT);
         self
     }
 
