@@ -22,6 +22,21 @@ struct Fixture {
     keys: Vec<KvsKey>,
 }
 
+/// A plan of all of `tokens`, lane (0, 0), no salt; it points into
+/// `tokens`, which must outlive it.
+fn whole(tokens: &[u32]) -> KvsPlanRequest {
+    KvsPlanRequest {
+        tokens: tokens.as_ptr(),
+        n_tokens: tokens.len(),
+        salt: ptr::null(),
+        salt_len: 0,
+        range_start: 0,
+        range_end: 0,
+        layer_group: 0,
+        head_shard: 0,
+    }
+}
+
 /// A store with one request holding two published blocks and one fill.
 fn fixture() -> Fixture {
     let spec = KvsLayoutSpec {
@@ -56,16 +71,7 @@ fn fixture() -> Fixture {
         );
         assert_eq!(kvs_engine_new(1, &mut engine), KvsStatus::Ok);
         assert_eq!(kvs_request_begin(store, &mut req), KvsStatus::Ok);
-        let plan = KvsPlanRequest {
-            tokens: tokens.as_ptr(),
-            n_tokens: 5,
-            salt: ptr::null(),
-            salt_len: 0,
-            range_start: 0,
-            range_end: 0,
-            layer_group: 0,
-            head_shard: 0,
-        };
+        let plan = whole(&tokens);
         let mut info = KvsPlanInfo::default();
         assert_eq!(
             kvs_plan(coord, &plan, keys.as_mut_ptr(), 3, &mut info),
@@ -619,16 +625,7 @@ fn a_lookup_of_no_keys_finds_nothing() {
     let f = fixture();
     let mut req = KvsRequest { id: 0 };
     let tokens = [9u32];
-    let plan = KvsPlanRequest {
-        tokens: tokens.as_ptr(),
-        n_tokens: 1,
-        salt: ptr::null(),
-        salt_len: 0,
-        range_start: 0,
-        range_end: 0,
-        layer_group: 0,
-        head_shard: 0,
-    };
+    let plan = whole(&tokens);
     let mut keys = [KvsKey::default(); 1];
     let mut info = KvsPlanInfo::default();
     let (mut before, mut after) = (KvsStats::default(), KvsStats::default());

@@ -13,7 +13,7 @@ use super::Rng;
 use crate::engine::{AttentionBatch, AttentionEngine, SeqAttention};
 use crate::error::Error;
 use crate::layout::{KvDtype, KvLayout, LayoutSpec};
-use crate::page::{KEY_LIMIT, KvWrite, PageId};
+use crate::page::{KEY_LIMIT, KvWrite, PageId, VALUE_LIMIT};
 
 /// One write of an [`EdgeCase`].
 #[derive(Debug, Clone)]
@@ -314,7 +314,11 @@ pub fn edge_cases(seed: u64, random: usize) -> Vec<EdgeCase> {
         // softmax of near-equal large scores is ill-conditioned, and two
         // correct engines that sum in another order may pick another key.
         // Illegal cases keep their magnitudes, to be refused.
-        let legal = km <= KEY_LIMIT && dtype.fits(km) && dtype.fits(vm) && qm <= q_limit;
+        let legal = km <= KEY_LIMIT
+            && vm <= VALUE_LIMIT
+            && dtype.fits(km)
+            && dtype.fits(vm)
+            && qm <= q_limit;
         if legal {
             qm = qm.min(30.0 / (km * hd as f32 * 0.125));
         }
