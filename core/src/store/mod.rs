@@ -243,12 +243,18 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
 
     /// The policy's view of `page`, which holds `key` (its metadata set).
     fn event(&self, page: PageId, key: &SliceKey, request: u64) -> PageEvent {
+        self.event_of(page, key, request, self.meta(page).valid_tokens())
+    }
+
+    /// [`event`](Self::event) for a caller that has read the page's valid
+    /// tokens already (the hit path).
+    fn event_of(&self, page: PageId, key: &SliceKey, request: u64, valid_tokens: u32) -> PageEvent {
         PageEvent {
             page,
             fingerprint: fingerprint(key),
             block_index: key.block_index,
             request,
-            partial: self.meta(page).valid_tokens() < self.layout().block_tokens(),
+            partial: valid_tokens < self.layout().block_tokens(),
         }
     }
 
@@ -341,8 +347,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
                 let Ok(page) = self.pool.try_acquire(handle) else {
                     break 'chunks;
                 };
-                hit_tokens += u64::from(self.meta(handle.id()).valid_tokens());
-                recorder.push(Access::Hit(self.event(handle.id(), key, serial)));
+                let valid = self.meta(handle.id()).valid_tokens();
+                hit_tokens += u64::from(valid);
+                recorder.push(Access::Hit(self.event_of(handle.id(), key, serial, valid)));
                 out.push(page);
                 hits += 1;
             }
