@@ -1,17 +1,12 @@
 //! Every entry point refuses bad input with a status and a message, and a
 //! refused call changes nothing in the store.
 
-use std::ffi::CStr;
 use std::ptr;
 
-use kvslice_capi::*;
+mod common;
 
-fn last_error() -> String {
-    // SAFETY: kvs_last_error returns a NUL-terminated string.
-    unsafe { CStr::from_ptr(kvs_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use common::{last_error, whole_plan};
+use kvslice_capi::*;
 
 struct Fixture {
     layout: KvsLayout,
@@ -20,21 +15,6 @@ struct Fixture {
     engine: KvsEngine,
     req: KvsRequest,
     keys: Vec<KvsKey>,
-}
-
-/// A plan of all of `tokens`, lane (0, 0), no salt; it points into
-/// `tokens`, which must outlive it.
-fn whole(tokens: &[u32]) -> KvsPlanRequest {
-    KvsPlanRequest {
-        tokens: tokens.as_ptr(),
-        n_tokens: tokens.len(),
-        salt: ptr::null(),
-        salt_len: 0,
-        range_start: 0,
-        range_end: 0,
-        layer_group: 0,
-        head_shard: 0,
-    }
 }
 
 /// A store with one request holding two published blocks and one fill.
@@ -71,7 +51,7 @@ fn fixture() -> Fixture {
         );
         assert_eq!(kvs_engine_new(1, &mut engine), KvsStatus::Ok);
         assert_eq!(kvs_request_begin(store, &mut req), KvsStatus::Ok);
-        let plan = whole(&tokens);
+        let plan = whole_plan(&tokens);
         let mut info = KvsPlanInfo::default();
         assert_eq!(
             kvs_plan(coord, &plan, keys.as_mut_ptr(), 3, &mut info),
@@ -625,7 +605,7 @@ fn a_lookup_of_no_keys_finds_nothing() {
     let f = fixture();
     let mut req = KvsRequest { id: 0 };
     let tokens = [9u32];
-    let plan = whole(&tokens);
+    let plan = whole_plan(&tokens);
     let mut keys = [KvsKey::default(); 1];
     let mut info = KvsPlanInfo::default();
     let (mut before, mut after) = (KvsStats::default(), KvsStats::default());

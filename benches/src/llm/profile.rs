@@ -30,6 +30,18 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// The chat of conversation `c` up to its turn `t`: the system prompt,
+    /// each earlier turn with its reply from `replies`, then turn `t`.
+    fn messages<'a>(&'a self, c: usize, t: usize, replies: &[&'a str]) -> Vec<(&'a str, &'a str)> {
+        let turns = &self.conversations[c];
+        let mut messages = vec![("system", self.system.as_str())];
+        for (user, reply) in turns[..t].iter().zip(replies) {
+            messages.extend([("user", user.as_str()), ("assistant", *reply)]);
+        }
+        messages.push(("user", &turns[t]));
+        messages
+    }
+
     /// Reads `{"system": ..., "conversations": [{"turns": [...]}, ...]}`.
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| LlmError::Io {
@@ -238,12 +250,12 @@ where
             // empty replies, plus `max_new` tokens for each reply and for
             // the last one's generation.
             let mut longest = 0usize;
-            for turns in &workload.conversations {
-                let mut messages: Vec<(&str, &str)> = vec![("system", &workload.system)];
-                for user in turns {
-                    messages.extend([("user", user.as_str()), ("assistant", "")]);
-                }
-                messages.pop();
+            for (c, turns) in workload.conversations.iter().enumerate() {
+                let Some(last) = turns.len().checked_sub(1) else {
+                    continue;
+                };
+                let empty = vec![""; last];
+                let messages = workload.messages(c, last, &empty);
                 let tokens = codec.encode(&codec.chat(&messages, true)?)?.len();
                 longest = longest.max(tokens.saturating_add(turns.len().saturating_mul(max_new)));
             }
@@ -284,13 +296,11 @@ where
         let mut decode_time = Duration::ZERO;
         let mut final_prompt_pages = vec![0u32; workload.conversations.len()];
         for &(c, t) in &order {
-            let mut messages: Vec<(&str, &str)> = vec![("system", &workload.system)];
-            for (user, reply) in workload.conversations[c][..t].iter().zip(&replies[c]) {
-                messages.push(("user", user));
-                let reply = reply.as_deref().expect("earlier turns are served first");
-                messages.push(("assistant", reply));
-            }
-            messages.push(("user", &workload.conversations[c][t]));
+            let earlier: Vec<&str> = replies[c][..t]
+                .iter()
+                .map(|r| r.as_deref().expect("earlier turns are served first"))
+                .collect();
+            let messages = workload.messages(c, t, &earlier);
             let prompt = codec.encode(&codec.chat(&messages, true)?)?;
             let g = runner.generate(
                 &store,

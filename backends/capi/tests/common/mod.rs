@@ -1,4 +1,5 @@
-//! What the tests that leave Rust share: finding the built libraries and
+//! What the C ABI's tests share: plans and keys, and, for those that leave
+//! Rust, finding the built libraries and
 //! the external tools, failing or skipping by `KVSLICE_REQUIRE_*`.
 
 #![allow(dead_code)]
@@ -72,6 +73,21 @@ pub fn last_error() -> String {
         .into_owned()
 }
 
+/// A plan of all of `tokens`, lane (0, 0), no salt; it points into
+/// `tokens`, which must outlive it.
+pub fn whole_plan(tokens: &[u32]) -> kvslice_capi::KvsPlanRequest {
+    kvslice_capi::KvsPlanRequest {
+        tokens: tokens.as_ptr(),
+        n_tokens: tokens.len(),
+        salt: std::ptr::null(),
+        salt_len: 0,
+        range_start: 0,
+        range_end: 0,
+        layer_group: 0,
+        head_shard: 0,
+    }
+}
+
 /// The keys of `tokens` in lane (0, 0) of `layout`, one per block (room
 /// for `blocks`), planned by a coordinator with a secret of `secret`s.
 pub fn plan_keys(
@@ -83,16 +99,7 @@ pub fn plan_keys(
     use kvslice_capi::*;
     let mut coord = KvsCoordinator { id: 0 };
     let mut keys = vec![KvsKey::default(); blocks];
-    let plan = KvsPlanRequest {
-        tokens: tokens.as_ptr(),
-        n_tokens: tokens.len(),
-        salt: std::ptr::null(),
-        salt_len: 0,
-        range_start: 0,
-        range_end: 0,
-        layer_group: 0,
-        head_shard: 0,
-    };
+    let plan = whole_plan(tokens);
     let mut info = KvsPlanInfo::default();
     // SAFETY: every pointer is to a live local of the stated size.
     unsafe {
