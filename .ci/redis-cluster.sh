@@ -8,6 +8,8 @@
 #      a cluster that is not ok)
 #   .ci/redis-cluster.sh stop    [--dir D]      # stops the pids it started
 #   .ci/redis-cluster.sh kill N  [--dir D]      # SIGKILL node N (0-based) by its pid
+#   .ci/redis-cluster.sh pause N [--dir D]      # SIGSTOP node N: up, but never answers
+#   .ci/redis-cluster.sh resume N [--dir D]     # SIGCONT node N
 #   .ci/redis-cluster.sh restart N [--dir D]    # starts node N again, same ports and slots
 #   .ci/redis-cluster.sh urls    [--dir D]      # prints the comma-separated redis:// URLs
 #
@@ -19,7 +21,7 @@ cd "$(dirname "$0")/.."
 cmd=${1:-}
 shift || true
 node=""
-if [[ "$cmd" == kill || "$cmd" == restart ]]; then
+if [[ "$cmd" == kill || "$cmd" == restart || "$cmd" == pause || "$cmd" == resume ]]; then
   node=${1:?"$cmd needs a node index"}
   shift
 fi
@@ -108,7 +110,8 @@ case "$cmd" in
     ;;
   stop)
     [[ -s "$list" ]] || exit 0
-    while read -r _ _ pid; do kill "$pid" 2>/dev/null || true; done <"$list"
+    # A paused node takes its SIGTERM once continued.
+    while read -r _ _ pid; do kill "$pid" 2>/dev/null && kill -CONT "$pid" 2>/dev/null || true; done <"$list"
     for _ in $(seq 50); do
       alive=0
       while read -r _ _ pid; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$list"
@@ -125,6 +128,11 @@ case "$cmd" in
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.1; done
     die "node $node (pid $pid) did not die"
     ;;
+  pause | resume)
+    read -r _ p pid < <(awk -v n="$node" '$1 == n' "$list")
+    [[ -n "${pid:-}" ]] || die "no node $node in $list"
+    if [[ "$cmd" == pause ]]; then kill -STOP "$pid"; else kill -CONT "$pid"; fi
+    ;;
   restart)
     read -r _ p _ < <(awk -v n="$node" '$1 == n' "$list")
     [[ -n "${p:-}" ]] || die "no node $node in $list"
@@ -135,7 +143,7 @@ case "$cmd" in
     urls
     ;;
   *)
-    sed -n 2,15p "$0" >&2
+    sed -n 2,17p "$0" >&2
     exit 2
     ;;
 esac

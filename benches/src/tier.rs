@@ -139,6 +139,7 @@ impl TierReport {
             "spill_dropped": t.spill_dropped,
             "spill_failed": t.spill_failed,
             "spill_rejected": t.spill_rejected,
+            "spill_unrouted": t.spill_unrouted,
             "bad_values": t.bad_values,
             "fetch_errors": t.fetch_errors,
             "fetch_p50_us": t.fetch_p50_us,
@@ -431,7 +432,7 @@ pub fn table(reports: &[TierReport]) -> String {
             r.total.remote_ratio(),
             t.spilled_bytes as f64 / 1e6,
             t.fetched_bytes as f64 / 1e6,
-            t.spill_dropped + t.spill_failed,
+            t.spill_dropped,
             t.fetch_p50_us,
             t.fetch_p99_us,
             r.seconds

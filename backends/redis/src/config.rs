@@ -15,7 +15,7 @@ use std::time::Duration;
 ///     .ttl(Some(Duration::from_secs(600)));
 /// assert_eq!(cfg.urls.len(), 2);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TierConfig {
     /// `redis://` URLs: one server, or seed nodes of a cluster (the tier
     /// asks the first node it reaches which one it is). User and password
@@ -49,6 +49,34 @@ pub struct TierConfig {
     pub max_backoff: Duration,
 }
 
+/// The most queued spills [`TierConfig::spill_queue`] takes (the queue's
+/// slots are allocated when the tier opens).
+pub const MAX_SPILL_QUEUE: usize = 1 << 20;
+/// The most spill writer threads.
+pub const MAX_SPILL_THREADS: usize = 64;
+/// The most keys per fetch round trip.
+pub const MAX_FETCH_BATCH: usize = 4096;
+/// The longest TTL: 100 years (Redis refuses expiry times that overflow).
+pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// `url` with its password (and user) replaced by `***`, for messages.
+///
+/// ```
+/// use kvslice_redis::redact;
+/// assert_eq!(redact("redis://app:s3cret@10.0.0.1:7000"), "redis://***@10.0.0.1:7000");
+/// assert_eq!(redact("redis://10.0.0.1:7000"), "redis://10.0.0.1:7000");
+/// ```
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
 /// The URLs of the cluster `.ci/redis-cluster.sh start` runs on loopback.
 pub const LOOPBACK_CLUSTER: &str =
     "redis://127.0.0.1:7100,redis://127.0.0.1:7101,redis://127.0.0.1:7102";
@@ -61,6 +89,27 @@ pub const LOOPBACK_CLUSTER: &str =
 /// ```
 pub fn default_urls() -> String {
     std::env::var("KVSLICE_REDIS_URLS").unwrap_or_else(|_| LOOPBACK_CLUSTER.into())
+}
+
+impl fmt::Debug for TierConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TierConfig")
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("namespace", &self.namespace)
+            .field("ttl", &self.ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("spill_queue", &self.spill_queue)
+            .field("spill_threads", &self.spill_threads)
+            .field("fetch_batch", &self.fetch_batch)
+            .field("write_through", &self.write_through)
+            .field("min_backoff", &self.min_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .finish()
+    }
 }
 
 impl TierConfig {
@@ -132,29 +181,46 @@ impl TierConfig {
             return Err(TierError::Url("no URL given".into()));
         }
         for url in &self.urls {
+            let shown = redact(url);
             if url.starts_with("rediss://") {
                 return Err(TierError::Url(format!(
-                    "{url}: TLS (rediss://) is not built into this tier; use redis:// on a trusted network"
+                    "{shown}: TLS (rediss://) is not built into this tier; use redis:// on a trusted network"
                 )));
             }
             if !url.starts_with("redis://") {
                 return Err(TierError::Url(format!(
-                    "{url}: the scheme must be redis://"
+                    "{shown}: the scheme must be redis://"
                 )));
             }
         }
-        let bad = |what: &str| Err(TierError::Url(format!("{what} must be at least 1")));
-        if self.spill_queue == 0 {
-            return bad("spill_queue");
-        }
-        if self.spill_threads == 0 {
-            return bad("spill_threads");
-        }
-        if self.fetch_batch == 0 {
-            return bad("fetch_batch");
-        }
+        let within = |what: &str, n: usize, max: usize| {
+            if (1..=max).contains(&n) {
+                Ok(())
+            } else {
+                Err(TierError::Url(format!(
+                    "{what} must be 1 to {max}, not {n}"
+                )))
+            }
+        };
+        within("spill_queue", self.spill_queue, MAX_SPILL_QUEUE)?;
+        within("spill_threads", self.spill_threads, MAX_SPILL_THREADS)?;
+        within("fetch_batch", self.fetch_batch, MAX_FETCH_BATCH)?;
         if self.connect_timeout.is_zero() || self.io_timeout.is_zero() {
             return Err(TierError::Url("timeouts must be above zero".into()));
+        }
+        if self
+            .ttl
+            .is_some_and(|t| t < Duration::from_millis(1) || t > MAX_TTL)
+        {
+            return Err(TierError::Url(format!(
+                "ttl must be 1 ms to {} days (None: until Redis evicts the block)",
+                MAX_TTL.as_secs() / 86_400
+            )));
+        }
+        if self.min_backoff.is_zero() || self.min_backoff > self.max_backoff {
+            return Err(TierError::Url(
+                "min_backoff must be above zero and at most max_backoff".into(),
+            ));
         }
         if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {
             return Err(TierError::Url(
@@ -173,6 +239,11 @@ pub enum TierError {
     Url(String),
     /// No server answered at any URL (or the answer was not Redis).
     Connect(String),
+    /// A server answered the checks with an error (`LOADING`, a command
+    /// renamed or disabled).
+    Server(String),
+    /// The process could not set the tier up (a thread did not start).
+    Resources(String),
     /// The server refused the credentials.
     Auth(String),
     /// A cluster whose `cluster_state` is not `ok`.
@@ -188,6 +259,8 @@ impl fmt::Display for TierError {
         match self {
             Self::Url(m) => write!(f, "tier configuration: {m}"),
             Self::Connect(m) => write!(f, "cannot reach the tier: {m}"),
+            Self::Server(m) => write!(f, "the tier answered with an error: {m}"),
+            Self::Resources(m) => write!(f, "cannot set the tier up: {m}"),
             Self::Auth(m) => write!(f, "the tier refused the credentials: {m}"),
             Self::ClusterNotOk(m) => write!(f, "the Redis cluster is not ok: {m}"),
             Self::NotACluster(m) => write!(f, "several URLs, but {m} is not in cluster mode"),

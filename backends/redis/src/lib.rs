@@ -16,11 +16,14 @@
 //!   miss; fetched blocks land in fresh pages and are published.
 //! - **Values** carry a versioned header (block key, layout fingerprint,
 //!   valid tokens, length) and a CRC-32C ([`value`]). A value that does not
-//!   match is a miss, counted and deleted, never data.
-//! - **Failures** are counted in [`TierStats`], never raised: after a
-//!   connection failure the tier is skipped for a backoff (50 ms doubling
-//!   to 2 s by default), so lookups fall back to the local cache within the
-//!   connect timeout.
+//!   match is a miss, counted, never data; a corrupt one is deleted (one of
+//!   another format version or layout is left for its writer).
+//! - **Failures** are counted in [`TierStats`], never raised. Each node has
+//!   its own connection with its timeouts set before its first command;
+//!   a node that fails is skipped for a backoff (50 ms doubling to 2 s by
+//!   default) while the others serve their keys, so a lookup waits at most
+//!   about the connect timeout plus the reply timeout per failing node,
+//!   and then not again until that node's backoff ends.
 //!
 //! The `client` feature (on by default) holds everything but [`value`].
 //!
@@ -32,20 +35,23 @@ mod config;
 #[cfg(feature = "client")]
 mod conn;
 #[cfg(feature = "client")]
+mod nodes;
+#[cfg(feature = "client")]
 mod stats;
 #[cfg(feature = "client")]
 mod tier;
 #[cfg(feature = "client")]
 mod tiered;
 pub mod value;
-#[cfg(feature = "client")]
-mod writer;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 
 #[cfg(feature = "client")]
-pub use config::{LOOPBACK_CLUSTER, TierConfig, TierError, default_urls};
+pub use config::{
+    LOOPBACK_CLUSTER, MAX_FETCH_BATCH, MAX_SPILL_QUEUE, MAX_SPILL_THREADS, MAX_TTL, TierConfig,
+    TierError, default_urls, redact,
+};
 #[cfg(feature = "client")]
 pub use stats::TierStats;
 #[cfg(feature = "client")]

@@ -14,24 +14,30 @@ pub struct TierStats {
     /// Spills dropped because the queue was full, or because the page was
     /// not the size of the tier's pages (a store of another layout).
     pub spill_dropped: u64,
-    /// Spills lost to a failed connection, or dropped while the tier was
-    /// backing off.
+    /// Spills lost to a failed connection, or not sent because their node
+    /// (or, with no slot map, the whole tier) was backing off.
     pub spill_failed: u64,
     /// Spills Redis refused with an error reply (for example `OOM` under
     /// `maxmemory` with `noeviction`).
     pub spill_rejected: u64,
+    /// Spills not sent because no node owned their slot in the cluster's
+    /// slot map (the map is read again before the next batch).
+    pub spill_unrouted: u64,
     /// Continuations asked of the tier.
     pub fetches: u64,
     /// Blocks the tier returned: remote hits.
     pub fetched_blocks: u64,
-    /// Bytes the tier returned, headers included.
+    /// Bytes of every value Redis sent, headers included: those taken, and
+    /// those read in the same round trip past a miss or a bad value.
     pub fetched_bytes: u64,
     /// Values that were not the block asked for (checksum, layout, key,
-    /// size): counted as misses and deleted.
+    /// size, format version): counted as misses; corrupt ones deleted.
     pub bad_values: u64,
-    /// Fetches cut short by an error reply or a failed connection.
+    /// Fetches cut short by an error reply, a failed connection, or no
+    /// slot map.
     pub fetch_errors: u64,
-    /// Fetches not tried because the tier was backing off after a failure.
+    /// Fetches not tried, or cut short at a key, because the tier or that
+    /// key's node was backing off after a failure.
     pub skipped_while_down: u64,
     /// Median time a fetch waited on Redis (its round trips, not what the
     /// caller did with the pages), in microseconds (0 before any fetch).
@@ -47,6 +53,7 @@ pub(crate) struct Counters {
     pub spill_dropped: AtomicU64,
     pub spill_failed: AtomicU64,
     pub spill_rejected: AtomicU64,
+    pub spill_unrouted: AtomicU64,
     pub fetches: AtomicU64,
     pub fetched_blocks: AtomicU64,
     pub fetched_bytes: AtomicU64,
@@ -69,6 +76,7 @@ impl Counters {
             spill_dropped: get(&self.spill_dropped),
             spill_failed: get(&self.spill_failed),
             spill_rejected: get(&self.spill_rejected),
+            spill_unrouted: get(&self.spill_unrouted),
             fetches: get(&self.fetches),
             fetched_blocks: get(&self.fetched_blocks),
             fetched_bytes: get(&self.fetched_bytes),

@@ -1,6 +1,7 @@
-//! The tier: a spill queue drained by one thread, prefix fetches on the
-//! caller's thread, a small pool of connections, and backoff after
-//! failures.
+//! The tier: a spill queue drained by writer threads, prefix fetches on
+//! the caller's thread from a small pool of per-node connections, and
+//! backoff after failures, per node and, when no slot map can be read,
+//! for the whole tier.
 
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::AtomicU64;
@@ -10,14 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvslice_core::{KvLayout, SliceKey, SpillSink};
-use redis::Cmd;
-
 use crate::config::{TierConfig, TierError};
-use crate::conn::{Conn, Connector, Reply};
+use crate::nodes::{Got, Health, Item, Nodes, Outcome, backoff};
 use crate::stats::{Counters, TierStats};
 use crate::value;
-use crate::writer::{Item, Outcome, Writer};
+use kvslice_core::{KvLayout, SliceKey, SpillSink};
 
 /// One block on its way to Redis.
 struct Spill {
@@ -26,22 +24,27 @@ struct Spill {
     bytes: Vec<u8>,
 }
 
-/// Blocks the spill thread writes per pipeline.
+/// Blocks a spill writer writes per batch.
 const SPILL_BATCH: usize = 64;
 
 /// State shared by the tier handle, its spill sinks and its spill thread.
 struct Shared {
     cfg: TierConfig,
     layout: KvLayout,
-    connector: Connector,
-    /// Idle connections, for fetches and the spill thread alike.
-    idle: Mutex<Vec<Conn>>,
+    /// Whether the URLs name a cluster (else one server).
+    cluster: bool,
+    /// Idle per-node connections for fetches (the spill writers keep
+    /// their own).
+    idle: Mutex<Vec<Nodes>>,
+    /// Nodes in their backoff, for fetches and writers alike.
+    health: Health,
     counters: Counters,
     /// Spills queued and not yet finished (written, refused or dropped).
     pending: AtomicU64,
-    /// While `Instant::now()` is before this, the tier is not tried.
+    /// While `Instant::now()` is before this, the tier is not tried: no
+    /// URL gave a slot map.
     down_until: Mutex<Option<Instant>>,
-    /// Failures in a row, for the backoff's doubling.
+    /// Such failures in a row, for the backoff's doubling.
     failures: AtomicU64,
     /// Page copies the writers are done with, for the next spills: a
     /// fresh 64 KiB allocation per spill costs page faults on both sides.
@@ -54,11 +57,12 @@ struct Shared {
 /// Evicted blocks reach it through [`RedisTier::sink`] (attach it with
 /// [`CacheStore::with_spill`](kvslice_core::CacheStore::with_spill)), which
 /// queues a copy and returns; [`TierConfig::spill_threads`] threads write
-/// the queue out in pipelines. [`RedisTier::fetch`] reads a prefix's continuation on the
-/// caller's thread. Neither ever fails: errors are counted in
-/// [`RedisTier::stats`], and after a connection failure the tier is left
-/// alone for a backoff that doubles up to
-/// [`TierConfig::max_backoff`]. [`crate::TieredStore`] puts the two
+/// the queue out in pipelines. [`RedisTier::fetch`] reads a prefix's
+/// continuation on the caller's thread. Neither ever fails: errors are
+/// counted in [`RedisTier::stats`]. A node whose connection fails is left
+/// alone for a backoff that doubles up to [`TierConfig::max_backoff`]
+/// while the other nodes serve their keys; the whole tier is, when no
+/// URL answers for the slot map. [`crate::TieredStore`] puts the two
 /// together around a store.
 ///
 /// ```no_run
@@ -80,8 +84,17 @@ pub struct RedisTier {
 impl std::fmt::Debug for RedisTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisTier")
-            .field("urls", &self.shared.cfg.urls)
-            .field("cluster", &self.shared.connector.is_cluster())
+            .field(
+                "urls",
+                &self
+                    .shared
+                    .cfg
+                    .urls
+                    .iter()
+                    .map(|u| crate::config::redact(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("cluster", &self.shared.cluster)
             .field("stats", &self.stats())
             .finish()
     }
@@ -92,14 +105,15 @@ impl RedisTier {
     /// reason, when no URL answers, the scheme is wrong, the credentials
     /// are refused, or a cluster's state is not `ok`.
     pub fn open(layout: KvLayout, cfg: TierConfig) -> Result<Self, TierError> {
-        let (connector, first) = Connector::open(&cfg)?;
+        let cluster = crate::conn::open(&cfg)?;
         let (tx, rx) = std::sync::mpsc::sync_channel(cfg.spill_queue);
         let spill_threads = cfg.spill_threads;
         let shared = Arc::new(Shared {
             cfg,
             layout,
-            connector,
-            idle: Mutex::new(vec![first]),
+            cluster,
+            idle: Mutex::new(Vec::new()),
+            health: Health::default(),
             counters: Counters::default(),
             pending: AtomicU64::new(0),
             down_until: Mutex::new(None),
@@ -113,7 +127,7 @@ impl RedisTier {
                 std::thread::Builder::new()
                     .name(format!("kvslice-redis-spill-{i}"))
                     .spawn(move || spill_loop(&worker, &rx))
-                    .map_err(|e| TierError::Connect(format!("cannot start a spill thread: {e}")))
+                    .map_err(|e| TierError::Resources(format!("cannot start a spill thread: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -125,7 +139,7 @@ impl RedisTier {
 
     /// Whether the tier turned out to be a cluster.
     pub fn is_cluster(&self) -> bool {
-        self.shared.connector.is_cluster()
+        self.shared.cluster
     }
 
     /// The configuration the tier was opened with.
@@ -202,45 +216,46 @@ impl RedisTier {
             return 0;
         }
         Counters::add(&s.counters.fetches, 1);
-        let Some(mut con) = s.take_conn() else {
-            Counters::add(&s.counters.fetch_errors, 1);
-            return 0;
-        };
+        let mut nodes = s
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| Nodes::new(s.cluster));
         // Only the round trips count: what `take` does with a page (an
         // allocation, its evictions, a publish) is the caller's time.
         let mut waited = Duration::ZERO;
         let mut taken = 0;
-        let mut outcome = ConnState::Healthy;
         'batches: for batch in keys.chunks(s.cfg.fetch_batch) {
-            let cmds: Vec<Cmd> = batch
-                .iter()
-                .map(|k| {
-                    let mut c = redis::cmd("GET");
-                    c.arg(s.redis_key(k));
-                    c
-                })
-                .collect();
+            let names: Vec<String> = batch.iter().map(|k| s.redis_key(k)).collect();
             let sent = Instant::now();
-            let answer = con.run(cmds);
+            let answer = nodes.read(&s.cfg, &s.health, &names);
             waited += sent.elapsed();
-            let values = match answer {
-                Ok(v) => v,
-                Err(e) => {
-                    Counters::add(&s.counters.fetch_errors, 1);
-                    outcome = if crate::conn::is_redirect(&e) {
-                        ConnState::Stale
-                    } else {
-                        ConnState::Failed
-                    };
-                    break;
-                }
+            let Ok(replies) = answer else {
+                Counters::add(&s.counters.fetch_errors, 1);
+                s.failed();
+                break;
             };
-            for (key, v) in batch.iter().zip(values) {
-                let Reply::Data(bytes) = v else {
-                    if v != Reply::Nil {
-                        Counters::add(&s.counters.fetch_errors, 1);
+            let bytes_in: usize = replies
+                .iter()
+                .map(|g| match g {
+                    Got::Data(b) => b.len(),
+                    _ => 0,
+                })
+                .sum();
+            Counters::add(&s.counters.fetched_bytes, bytes_in as u64);
+            for ((key, name), got) in batch.iter().zip(&names).zip(replies) {
+                let bytes = match got {
+                    Got::Data(bytes) => bytes,
+                    Got::Nil | Got::Elsewhere => break 'batches,
+                    Got::Skipped => {
+                        Counters::add(&s.counters.skipped_while_down, 1);
+                        break 'batches;
                     }
-                    break 'batches;
+                    Got::Refused | Got::Failed => {
+                        Counters::add(&s.counters.fetch_errors, 1);
+                        break 'batches;
+                    }
                 };
                 match value::decode(&s.layout, key, &bytes) {
                     Ok((tokens, page)) => {
@@ -249,14 +264,17 @@ impl RedisTier {
                         }
                         taken += 1;
                         Counters::add(&s.counters.fetched_blocks, 1);
-                        Counters::add(&s.counters.fetched_bytes, bytes.len() as u64);
                     }
-                    Err(_) => {
+                    Err(e) => {
                         Counters::add(&s.counters.bad_values, 1);
-                        let mut del = redis::cmd("DEL");
-                        del.arg(s.redis_key(key));
-                        // Best effort: a failure here is the next fetch's.
-                        let _ = con.run(vec![del]);
+                        // A value of another format version or layout is
+                        // someone's data: left alone. The rest is garbage.
+                        if !matches!(
+                            e,
+                            value::ValueError::Version(_) | value::ValueError::Layout { .. }
+                        ) {
+                            nodes.delete(&s.cfg, &s.health, name);
+                        }
                         break 'batches;
                     }
                 }
@@ -266,12 +284,12 @@ impl RedisTier {
             }
         }
         s.counters.latency.record(waited);
-        s.give_back(con, outcome);
+        s.idle.lock().unwrap_or_else(|e| e.into_inner()).push(nodes);
         taken
     }
 
     /// The Redis key block `key` is stored under:
-    /// `{namespace}:{hash}:{index}:{group}:{shard}`.
+    /// `<namespace>:<hash>:<index>:<group>:<shard>`, the hash in hex.
     pub fn redis_key(&self, key: &SliceKey) -> String {
         self.shared.redis_key(key)
     }
@@ -341,11 +359,14 @@ fn enqueue(
 
 /// One of the spill writers: takes up to [`SPILL_BATCH`] queued blocks at a
 /// time and writes them, one packed pipeline per node, on its own
-/// connections ([`Writer`]).
+/// connections ([`Nodes`]).
 fn spill_loop(s: &Shared, rx: &Mutex<Receiver<Spill>>) {
     let mut batch: Vec<Spill> = Vec::with_capacity(SPILL_BATCH);
-    let mut writer = Writer::new(s.connector.is_cluster());
-    let ttl_ms = s.cfg.ttl.map(|t| t.as_millis().max(1) as u64);
+    let mut writer = Nodes::new(s.cluster);
+    let ttl_ms = s
+        .cfg
+        .ttl
+        .map(|t| t.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
     loop {
         {
             let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
@@ -380,18 +401,26 @@ fn spill_loop(s: &Shared, rx: &Mutex<Receiver<Spill>>) {
                     page: &b.bytes,
                 })
                 .collect();
-            let healthy = writer.write(&s.cfg, &items, ttl_ms, &mut |i, outcome| match outcome {
-                Outcome::Stored => {
-                    Counters::add(&s.counters.spilled_blocks, 1);
-                    Counters::add(
-                        &s.counters.spilled_bytes,
-                        (value::HEADER_BYTES + batch[i].bytes.len()) as u64,
-                    );
-                }
-                Outcome::Refused => Counters::add(&s.counters.spill_rejected, 1),
-                Outcome::Failed => Counters::add(&s.counters.spill_failed, 1),
-            });
-            if healthy {
+            let written =
+                writer.write(
+                    &s.cfg,
+                    &s.health,
+                    &items,
+                    ttl_ms,
+                    &mut |i, outcome| match outcome {
+                        Outcome::Stored => {
+                            Counters::add(&s.counters.spilled_blocks, 1);
+                            Counters::add(
+                                &s.counters.spilled_bytes,
+                                (value::HEADER_BYTES + batch[i].bytes.len()) as u64,
+                            );
+                        }
+                        Outcome::Refused => Counters::add(&s.counters.spill_rejected, 1),
+                        Outcome::Unrouted => Counters::add(&s.counters.spill_unrouted, 1),
+                        Outcome::Failed => Counters::add(&s.counters.spill_failed, 1),
+                    },
+                );
+            if written.is_ok() {
                 s.failures.store(0, Relaxed);
             } else {
                 s.failed();
@@ -418,59 +447,10 @@ impl Shared {
         down.is_some_and(|t| Instant::now() < t)
     }
 
-    /// An idle connection, or a new one; `None` (and a backoff) when none
-    /// can be made.
-    fn take_conn(&self) -> Option<Conn> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        if let Some(c) = idle {
-            return Some(c);
-        }
-        match self.connector.connect(&self.cfg) {
-            Ok(c) => Some(c),
-            Err(_) => {
-                self.failed();
-                None
-            }
-        }
-    }
-
-    /// Returns a connection to the pool, or drops it: and the idle ones
-    /// with it, which most likely point at the same failed node or hold
-    /// the same stale slot map; after a failure, backs off too.
-    fn give_back(&self, con: Conn, outcome: ConnState) {
-        if outcome == ConnState::Healthy {
-            self.failures.store(0, Relaxed);
-            self.idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(con);
-            return;
-        }
-        drop(con);
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        if outcome == ConnState::Failed {
-            self.failed();
-        }
-    }
-
+    /// No slot map: the whole tier is left alone for a backoff.
     fn failed(&self) {
-        let n = self.failures.fetch_add(1, Relaxed).min(16);
-        let wait = self
-            .cfg
-            .min_backoff
-            .saturating_mul(1 << n)
-            .min(self.cfg.max_backoff);
+        let n = self.failures.fetch_add(1, Relaxed).min(16) as u32;
+        let wait = backoff(&self.cfg, n);
         *self.down_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + wait);
     }
-}
-
-/// How a connection came out of a fetch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ConnState {
-    Healthy,
-    /// Redirected (MOVED, ASK): the cluster moved slots since the
-    /// connection read its map. Nothing failed; a new connection reads
-    /// the map again.
-    Stale,
-    Failed,
 }

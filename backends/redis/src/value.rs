@@ -41,8 +41,11 @@ pub enum ValueError {
         /// Bytes it needs.
         needed: usize,
     },
-    /// Not a kvslice value (no magic), or another format version.
+    /// Not a kvslice value (no magic, or reserved bytes set).
     Format,
+    /// A kvslice value of another format version (this one's is
+    /// [`VERSION`]).
+    Version(u8),
     /// Written under another page layout (dtype, page size, heads,
     /// head_dim, key order, grouping or shards).
     Layout {
@@ -66,7 +69,11 @@ impl fmt::Display for ValueError {
             Self::Truncated { len, needed } => {
                 write!(f, "truncated value: {len} bytes, needs {needed}")
             }
-            Self::Format => f.write_str("not a kvslice tier value of format version 1"),
+            Self::Format => f.write_str("not a kvslice tier value"),
+            Self::Version(v) => write!(
+                f,
+                "a kvslice tier value of format version {v}, not {VERSION}"
+            ),
             Self::Layout { ours, theirs } => write!(
                 f,
                 "value written under layout {theirs:?}, this store's is {ours:?}"
@@ -150,7 +157,10 @@ pub fn decode<'v>(
             needed: HEADER_BYTES,
         });
     }
-    if bytes[..4] != MAGIC || bytes[4] != VERSION || bytes[5..8] != [0; 3] {
+    if bytes[4] != VERSION && bytes[..4] == MAGIC {
+        return Err(ValueError::Version(bytes[4]));
+    }
+    if bytes[..4] != MAGIC || bytes[5..8] != [0; 3] {
         return Err(ValueError::Format);
     }
     let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));

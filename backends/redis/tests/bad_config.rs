@@ -36,6 +36,43 @@ fn settings_that_cannot_work_are_refused_before_connecting() {
     assert!(e.to_string().contains("spill_queue"), "{e}");
     let e = open(TierConfig::new("redis://127.0.0.1:7100").namespace("a b"));
     assert!(e.to_string().contains("namespace"), "{e}");
+    // Settings that would open and then fail every spill, allocate without
+    // bound, or never back off.
+    let base = || TierConfig::new("redis://127.0.0.1:7100");
+    let mut no_backoff = base();
+    no_backoff.min_backoff = Duration::ZERO;
+    let mut inverted = base();
+    inverted.min_backoff = inverted.max_backoff * 2;
+    for (cfg, what) in [
+        (base().ttl(Some(Duration::MAX)), "ttl"),
+        (base().ttl(Some(Duration::from_micros(10))), "ttl"),
+        (base().spill_queue(1 << 32), "spill_queue"),
+        (base().spill_threads(1 << 40), "spill_threads"),
+        (no_backoff, "min_backoff"),
+        (inverted, "min_backoff"),
+    ] {
+        let e = open(cfg);
+        assert!(
+            matches!(&e, TierError::Url(m) if m.contains(what)),
+            "{what}: {e}"
+        );
+    }
+}
+
+/// A password in a URL appears in no error message and no `Debug` output.
+#[test]
+fn passwords_stay_out_of_messages() {
+    let secret = "s3cret-pw";
+    let urls = format!("redis://app:{secret}@127.0.0.1:1");
+    let cfg =
+        TierConfig::new(&urls).timeouts(Duration::from_millis(200), Duration::from_millis(200));
+    assert!(!format!("{cfg:?}").contains(secret), "{cfg:?}");
+    let e = open(cfg);
+    assert!(matches!(e, TierError::Connect(_)), "{e}");
+    assert!(!e.to_string().contains(secret), "{e}");
+    assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+    let e = open(TierConfig::new(&format!("http://app:{secret}@127.0.0.1:1")));
+    assert!(!e.to_string().contains(secret), "{e}");
 }
 
 #[test]

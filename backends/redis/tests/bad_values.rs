@@ -1,6 +1,7 @@
 //! Values that are not the block asked for — corrupted, truncated, written
-//! under another layout, of the wrong size, of the wrong Redis type — are
-//! misses: counted, deleted where they are values, never data; the prefix
+//! under another layout or format version, of the wrong size, of the wrong
+//! Redis type — are misses: counted, deleted where they are garbage, never
+//! data; the prefix
 //! stops there and the local cache keeps working. Needs the loopback
 //! cluster; prints `SKIPPED` without it, unless `KVSLICE_REQUIRE_REDIS=1`.
 
@@ -24,7 +25,7 @@ fn key(i: u32) -> SliceKey {
 }
 
 #[test]
-fn bad_values_are_counted_misses_and_deleted() {
+fn bad_values_are_counted_misses_and_garbage_is_deleted() {
     let layout = KvLayout::new(LayoutSpec::new(1, 2, 1, 8, 4, KvDtype::F16)).unwrap();
     let Some(tier) = common::tier(layout, "bad-values", |c| c) else {
         return;
@@ -48,13 +49,19 @@ fn bad_values_are_counted_misses_and_deleted() {
     value::encode(&other, &key(3), 4, &page, &mut foreign);
     let mut short = Vec::new();
     value::encode(&layout, &key(4), 4, &page[1..], &mut short);
-    let cases: [(u32, Vec<u8>, &str); 4] = [
-        (1, flipped, "checksum"),
-        (2, truncated, "truncated"),
-        (3, foreign, "another layout"),
-        (4, short, "wrong size"),
+    let mut newer = Vec::new();
+    value::encode(&layout, &key(6), 4, &page, &mut newer);
+    newer[4] = value::VERSION + 1;
+    // (block, value, what, deleted): garbage is deleted; another layout's
+    // or another format version's value is some writer's data, kept.
+    let cases: [(u32, Vec<u8>, &str, bool); 5] = [
+        (1, flipped, "checksum", true),
+        (2, truncated, "truncated", true),
+        (3, foreign, "another layout", false),
+        (4, short, "wrong size", true),
+        (6, newer, "another format version", false),
     ];
-    for (i, bytes, _) in &cases {
+    for (i, bytes, _, _) in &cases {
         let _: () = con.set(tier.redis_key(&key(*i)), bytes).unwrap();
     }
     // Block 5: a list, not a string: GET answers with an error reply.
@@ -63,7 +70,7 @@ fn bad_values_are_counted_misses_and_deleted() {
     let store = CacheStore::new(layout, 16, LruPolicy::new(16)).unwrap();
     let tiered = TieredStore::new(&store, &tier).unwrap();
     let guard = store.pin();
-    for (n, (i, _, what)) in cases.iter().enumerate() {
+    for (n, (i, _, what, deleted)) in cases.iter().enumerate() {
         let req = store.begin_request();
         let mut held = Vec::new();
         // Block 0 then the bad one: the prefix stops after block 0.
@@ -80,7 +87,10 @@ fn bad_values_are_counted_misses_and_deleted() {
         store.end_request(req).unwrap();
         assert_eq!(tier.stats().bad_values, n as u64 + 1, "{what}");
         let exists: bool = con.exists(tier.redis_key(&key(*i))).unwrap();
-        assert!(!exists, "the {what} value was deleted");
+        assert_eq!(exists, !deleted, "the {what} value: deleted {deleted}");
+    }
+    for i in [3, 6] {
+        let _: () = con.del(tier.redis_key(&key(i))).unwrap();
     }
     let req = store.begin_request();
     let mut held = Vec::new();

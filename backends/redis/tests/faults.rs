@@ -404,3 +404,109 @@ fn a_moved_slot_is_followed_by_the_next_fetch() {
     let s = tier.stats();
     assert_eq!(s.skipped_while_down, 0, "a redirect is no failure: {s:?}");
 }
+
+/// The port of the master that owns `redis_key`'s slot.
+fn owner_port(cluster: &common::OwnServers, port: u16, redis_key: &str) -> u16 {
+    let slot: u16 = cluster
+        .cli(port, &["cluster", "keyslot", redis_key])
+        .trim()
+        .parse()
+        .unwrap();
+    masters(cluster, port)
+        .iter()
+        .find(|n| n.2.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .expect("an owner")
+        .1
+}
+
+/// A master that hangs (stopped: its socket accepts, nothing answers)
+/// costs its own keys only, and no lookup waits on it past the timeouts:
+/// each chain is served up to its first block on that node, whichever
+/// nodes the blocks before it are on; spills to the other nodes all land;
+/// and once the node answers again, chains are whole again.
+#[test]
+fn a_hung_node_costs_its_own_keys_and_no_lookup_waits_on_it() {
+    let Some(cluster) = common::OwnServers::start("faults-hung", &["--port", "7250"]) else {
+        return;
+    };
+    let cfg = TierConfig::new(&cluster.urls)
+        .namespace("hung")
+        .timeouts(Duration::from_millis(200), Duration::from_millis(300));
+    let tier = std::sync::Arc::new(RedisTier::open(layout(), cfg).unwrap());
+    for c in 0..60 {
+        spill_chain(&tier, c);
+    }
+    assert!(tier.flush(Duration::from_secs(10)));
+    for c in 0..10 {
+        assert_eq!(fetch_chain(&tier, c).0, 8, "chain {c}");
+    }
+    // Each chain's blocks before its first one on node 1 (port 7251).
+    let on_hung = |c: u64, i: u32| owner_port(&cluster, 7250, &tier.redis_key(&key(c, i))) == 7251;
+    let expected: Vec<usize> = (0..60)
+        .map(|c| (0..8).position(|i| on_hung(c, i)).unwrap_or(8))
+        .collect();
+    assert!(
+        expected[10..40].iter().any(|&n| n > 0 && n < 8),
+        "some chain should start on a live node and reach the hung one: {expected:?}"
+    );
+
+    cluster.run(&["pause", "1"]);
+    let (mut slowest, mut served) = (Duration::ZERO, Vec::new());
+    for c in 10..40 {
+        // On a thread, so that a lookup stuck on the node fails the test
+        // instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::sync::Arc::clone(&tier);
+        std::thread::spawn(move || {
+            let _ = tx.send(fetch_chain(&t, c));
+        });
+        let (n, took) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("chain {c}: a lookup hung on the stopped node"));
+        slowest = slowest.max(took);
+        served.push(n);
+    }
+    println!("node 1 hung: served {served:?}, slowest lookup {slowest:?}");
+    assert_eq!(served, expected[10..40], "{:?}", tier.stats());
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a lookup waited {slowest:?}"
+    );
+
+    // Spills: the hung node's are counted failed, every other one lands.
+    let before = tier.stats();
+    for c in 100..120 {
+        spill_chain(&tier, c);
+    }
+    assert!(
+        tier.flush(Duration::from_secs(20)),
+        "the spill writers are stuck"
+    );
+    let after = tier.stats();
+    let live = (100..120)
+        .flat_map(|c| (0..8).map(move |i| (c, i)))
+        .filter(|&(c, i)| !on_hung(c, i))
+        .count() as u64;
+    assert_eq!(
+        after.spilled_blocks - before.spilled_blocks,
+        live,
+        "{after:?}"
+    );
+    // Failed, or unrouted once the cluster marks the node failed and its
+    // slots drop out of the map.
+    let lost = |s: &kvslice_redis::TierStats| s.spill_failed + s.spill_unrouted;
+    assert_eq!(lost(&after) - lost(&before), 160 - live, "{after:?}");
+
+    cluster.run(&["resume", "1"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut whole = false;
+    while Instant::now() < deadline && !whole {
+        whole = fetch_chain(&tier, 0).0 == 8;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        whole,
+        "the node answered again but chains stayed cut: {:?}",
+        tier.stats()
+    );
+}

@@ -1,6 +1,6 @@
 //! Fuzz harnesses (feature `fuzzing`), shared by the cargo-fuzz targets
 //! and the stable corpus replays: the value decoder, and (with the
-//! `client` feature) the spill writer's reading of a cluster's slot map.
+//! `client` feature) the tier's reading of a cluster's slot map.
 
 #[cfg(feature = "client")]
 mod slot_map;

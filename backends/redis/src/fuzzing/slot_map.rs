@@ -1,4 +1,4 @@
-//! The spill writer's reading of `CLUSTER SLOTS`, the one answer from the
+//! The tier's reading of `CLUSTER SLOTS`, the one answer from the
 //! network it interprets itself: arbitrary RESP bytes through redis-rs's
 //! parser, and answers built from arbitrary ranges (well formed or not)
 //! against a model of what each range means.
@@ -6,7 +6,7 @@
 use arbitrary::Unstructured;
 use redis::{ConnectionAddr, IntoConnectionInfo, Value};
 
-use crate::writer::{SLOTS, Writer};
+use crate::nodes::{Nodes, SLOTS};
 
 /// A range's endpoint, as `CLUSTER SLOTS` may name it.
 #[derive(Clone, Copy)]
@@ -48,7 +48,7 @@ struct Range {
     shape: Shape,
 }
 
-/// Applies `data` as slot maps to a writer. With an odd first byte the rest
+/// Applies `data` as slot maps to a [`Nodes`]. With an odd first byte the rest
 /// is RESP, parsed as redis-rs parses a reply: whatever it holds, every
 /// slot ends owned by a known node or by none, and every node owns a
 /// slot. Otherwise the bytes build two maps of up to eight
@@ -58,7 +58,7 @@ pub fn slot_map(data: &[u8]) {
     let seed = "redis://seed:7000/"
         .into_connection_info()
         .expect("a valid URL");
-    let mut w = Writer::new(true);
+    let mut w = Nodes::new(true);
     let (&mode, rest) = data.split_first().unwrap_or((&0, &[]));
     if mode & 1 == 1 {
         if let Ok(answer) = redis::parse_redis_value(rest) {
@@ -80,10 +80,10 @@ pub fn slot_map(data: &[u8]) {
     }
 }
 
-/// Every slot is owned by an index of one of the writer's nodes, or by
+/// Every slot is owned by an index of one of its nodes, or by
 /// none; nodes are distinct, each owns a slot, and there are no more of
 /// them than slots.
-fn check_nodes(w: &Writer) {
+fn check_nodes(w: &Nodes) {
     let nodes = w.node_addrs();
     assert!(nodes.len() <= SLOTS, "{} nodes", nodes.len());
     for (i, a) in nodes.iter().enumerate() {

@@ -69,6 +69,7 @@ fn resealed(
     let word = |at: usize| u32::from_le_bytes(v[at..at + 4].try_into().expect("4 bytes"));
     let got = value::decode(layout, key, &v);
     match i {
+        4 => assert_eq!(got, Err(ValueError::Version(v[4]))),
         0..8 => assert_eq!(got, Err(ValueError::Format)),
         8..44 => assert!(matches!(got, Err(ValueError::Layout { .. })), "{got:?}"),
         44..72 => assert_eq!(got, Err(ValueError::Key)),

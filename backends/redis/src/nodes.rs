@@ -1,18 +1,24 @@
-//! The spill writer's own path to Redis: one plain connection per node,
-//! each batch packed as RESP `SET`s straight into a reused buffer per node.
+//! The tier's path to Redis: the cluster's slot map and one plain
+//! connection per node, each with its timeouts set before its first
+//! command, so that no call waits on a node longer than the configured
+//! timeouts. Spills go out as packed `SET` pipelines, one per node;
+//! fetches as `GET` pipelines whose replies are put back in key order.
 //!
-//! Spills are the tier's bulk traffic. Through redis-rs's cluster pipeline
-//! each 64 KiB value was copied into a command, again into a per-node
-//! pipeline and again into its packed bytes, each copy a fresh allocation
-//! (and page faults). Here a value is copied once, into a buffer that
-//! lives as long as the writer, and redis-rs's connection sends it and
-//! reads the replies. The writer routes by hash slot itself, from the
-//! cluster's `CLUSTER SLOTS` map; an error reply that says the map moved
-//! (`MOVED`, `ASK`, `CLUSTERDOWN`) or a failed node refreshes it before
-//! the next batch.
+//! redis-rs's cluster connection was the first path: it copied each
+//! 64 KiB value three times on the way out, answered a batch with one
+//! error when any node failed (losing the other nodes' values), and a
+//! new one sent each node a command before setting any timeout, so a
+//! hung node held a lookup for as long as it hung. Here a value is copied
+//! once, into a buffer that lives as long as its [`Nodes`]; a node that
+//! fails costs only its own keys, and is left alone for a backoff that
+//! every [`Nodes`] of the tier shares ([`Health`]). An error reply that
+//! says the map moved (`MOVED`, `CLUSTERDOWN`, `TRYAGAIN`) or a failed
+//! node reads the map again before the next batch.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, Value};
 
@@ -33,9 +39,52 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
     (crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) as usize % SLOTS) as u16
 }
 
-/// One node the writer sends to.
+/// The wait after `failures` failures in a row: the configured minimum,
+/// doubling, up to the maximum.
+pub(crate) fn backoff(cfg: &TierConfig, failures: u32) -> Duration {
+    cfg.min_backoff
+        .saturating_mul(1 << failures.min(16))
+        .min(cfg.max_backoff)
+}
+
+/// Which nodes are being left alone, and until when; shared by every
+/// [`Nodes`] of a tier (the fetchers and the spill writers), so that one
+/// that finds a node dead spares the others the wait.
+#[derive(Default)]
+pub(crate) struct Health {
+    /// Per node address: the end of its backoff and its failures in a row.
+    down: Mutex<HashMap<String, (Instant, u32)>>,
+}
+
+impl Health {
+    fn is_down(&self, node: &str) -> bool {
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        down.get(node)
+            .is_some_and(|&(until, _)| Instant::now() < until)
+    }
+
+    fn failed(&self, node: &str, cfg: &TierConfig) {
+        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = down.entry(node.to_string()).or_insert((Instant::now(), 0));
+        *entry = (
+            Instant::now() + backoff(cfg, entry.1),
+            entry.1.saturating_add(1),
+        );
+    }
+
+    fn answered(&self, node: &str) {
+        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        if !down.is_empty() {
+            down.remove(node);
+        }
+    }
+}
+
+/// One node: its address, connection, and this batch's commands.
 struct Node {
     info: redis::ConnectionInfo,
+    /// `host:port`, its name in [`Health`].
+    name: String,
     con: Option<redis::Connection>,
     /// This batch's commands for the node, packed.
     buf: Vec<u8>,
@@ -43,19 +92,41 @@ struct Node {
     items: Vec<usize>,
 }
 
-/// What became of one item of a batch.
+/// What became of one spill of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Redis stored it.
     Stored,
     /// Redis answered with an error (`OOM` under `maxmemory`, a moved slot).
     Refused,
-    /// The connection failed (or none could be made): unknown, counted lost.
+    /// No node owns its slot in the map read last: never sent.
+    Unrouted,
+    /// The connection failed, none could be made, or the node is in its
+    /// backoff: unknown or not tried, counted lost.
     Failed,
 }
 
-/// A spill writer's connections and slot map; owned by one spill thread.
-pub(crate) struct Writer {
+/// What a `GET` came back as.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Got {
+    /// The value.
+    Data(Vec<u8>),
+    /// No such key.
+    Nil,
+    /// The key's slot is elsewhere (`MOVED`, or `ASK` mid-migration): a
+    /// miss here, not a fault of the key or the node.
+    Elsewhere,
+    /// An error reply, or a reply that is not a string.
+    Refused,
+    /// The node is in its backoff, or no node owns the slot: not asked.
+    Skipped,
+    /// The node's connection failed (or none could be made).
+    Failed,
+}
+
+/// A slot map and a connection per node; owned by one thread at a time
+/// (a spill writer, or a fetch that took it from the tier's pool).
+pub(crate) struct Nodes {
     cluster: bool,
     nodes: Vec<Node>,
     /// Node index per slot (cluster only); `u16::MAX` where no node serves it.
@@ -72,7 +143,11 @@ pub(crate) struct Item<'a> {
     pub page: &'a [u8],
 }
 
-impl Writer {
+/// The slot map could not be read from any URL.
+#[derive(Debug)]
+pub(crate) struct NoMap;
+
+impl Nodes {
     pub(crate) fn new(cluster: bool) -> Self {
         Self {
             cluster,
@@ -83,74 +158,167 @@ impl Writer {
         }
     }
 
+    /// The node serving `key`, if the map names one.
+    fn route(&mut self, key: &str) -> Option<usize> {
+        let node = if self.cluster {
+            usize::from(self.owner[slot(key.as_bytes()) as usize])
+        } else {
+            0
+        };
+        if node >= self.nodes.len() {
+            // A slot no node serves: Redis would answer CLUSTERDOWN.
+            self.stale = true;
+            return None;
+        }
+        Some(node)
+    }
+
     /// Writes `items` with `SET` (and `PX ttl_ms` when given), one packed
     /// pipeline per node, and reports each item's outcome through `done`
-    /// (in no particular order). Returns `false` when a connection failed,
-    /// so that the tier backs off.
+    /// (in no particular order). Items for a node in its backoff are not
+    /// sent. `Err` when the slot map could not be read (every item failed).
     pub(crate) fn write(
         &mut self,
         cfg: &TierConfig,
+        health: &Health,
         items: &[Item<'_>],
         ttl_ms: Option<u64>,
         done: &mut dyn FnMut(usize, Outcome),
-    ) -> bool {
+    ) -> Result<(), NoMap> {
         if self.stale && self.refresh(cfg).is_err() {
             (0..items.len()).for_each(|i| done(i, Outcome::Failed));
-            return false;
+            return Err(NoMap);
         }
         for (i, item) in items.iter().enumerate() {
-            let node = if self.cluster {
-                self.owner[slot(item.key.as_bytes()) as usize]
-            } else {
-                0
-            };
-            let Some(node) = self.nodes.get_mut(node as usize) else {
-                // A slot no node serves: Redis would answer CLUSTERDOWN.
-                self.stale = true;
-                done(i, Outcome::Refused);
+            let Some(node) = self.route(item.key) else {
+                done(i, Outcome::Unrouted);
                 continue;
             };
+            let node = &mut self.nodes[node];
+            if health.is_down(&node.name) {
+                done(i, Outcome::Failed);
+                continue;
+            }
             pack_set(&mut node.buf, &mut self.key, item, ttl_ms);
             node.items.push(i);
         }
-        // Send every node its pipeline before reading any answer, so that
-        // the nodes work on theirs at the same time.
-        let mut healthy = true;
+        self.exchange(cfg, health, &mut |i, reply| {
+            done(
+                i,
+                match reply {
+                    Ok(Value::ServerError(_)) => Outcome::Refused,
+                    Ok(_) => Outcome::Stored,
+                    Err(()) => Outcome::Failed,
+                },
+            );
+        });
+        Ok(())
+    }
+
+    /// Reads `keys` with `GET`, one pipeline per node, and returns each
+    /// key's reply in key order. `Err` when the slot map could not be read.
+    pub(crate) fn read(
+        &mut self,
+        cfg: &TierConfig,
+        health: &Health,
+        keys: &[String],
+    ) -> Result<Vec<Got>, NoMap> {
+        if self.stale && self.refresh(cfg).is_err() {
+            return Err(NoMap);
+        }
+        let mut got: Vec<Got> = keys.iter().map(|_| Got::Skipped).collect();
+        for (i, key) in keys.iter().enumerate() {
+            let Some(node) = self.route(key) else {
+                continue;
+            };
+            let node = &mut self.nodes[node];
+            if health.is_down(&node.name) {
+                continue;
+            }
+            pack(&mut node.buf, &mut self.key, &[b"GET", key.as_bytes()]);
+            node.items.push(i);
+        }
+        self.exchange(cfg, health, &mut |i, reply| {
+            got[i] = match reply {
+                Ok(Value::BulkString(b)) => Got::Data(b),
+                Ok(Value::Nil) => Got::Nil,
+                Ok(Value::ServerError(e)) if matches!(e.code(), "MOVED" | "ASK") => Got::Elsewhere,
+                Ok(_) => Got::Refused,
+                Err(()) => Got::Failed,
+            };
+        });
+        Ok(got)
+    }
+
+    /// Deletes `key` (a value that is not what it claims), best effort.
+    pub(crate) fn delete(&mut self, cfg: &TierConfig, health: &Health, key: &str) {
+        if self.stale && self.refresh(cfg).is_err() {
+            return;
+        }
+        let Some(node) = self.route(key) else { return };
+        let node = &mut self.nodes[node];
+        if health.is_down(&node.name) {
+            return;
+        }
+        pack(&mut node.buf, &mut self.key, &[b"DEL", key.as_bytes()]);
+        node.items.push(0);
+        self.exchange(cfg, health, &mut |_, _| {});
+    }
+
+    /// Sends every node its packed commands, then reads each node's
+    /// replies, handing each to `reply` with its item index (`Err`: the
+    /// connection failed before it answered). Every node is sent its
+    /// pipeline before any answer is read, so that the nodes work on
+    /// theirs at the same time; a failed node is dropped, marked in
+    /// `health` and the map read again before the next batch.
+    fn exchange(
+        &mut self,
+        cfg: &TierConfig,
+        health: &Health,
+        reply: &mut dyn FnMut(usize, Result<Value, ()>),
+    ) {
+        let mut failed = false;
         for node in &mut self.nodes {
             if !node.items.is_empty() && node.send(cfg).is_err() {
-                node.fail(done);
-                healthy = false;
+                node.fail(health, cfg, reply);
+                failed = true;
             }
         }
         for node in &mut self.nodes {
+            let mut answered = false;
             for n in 0..node.items.len() {
                 match node.con.as_mut().map(|c| c.recv_response()) {
-                    Some(Ok(Value::ServerError(e))) => {
-                        if matches!(e.code(), "MOVED" | "ASK" | "CLUSTERDOWN" | "TRYAGAIN") {
+                    Some(Ok(v)) => {
+                        if let Value::ServerError(e) = &v
+                            && matches!(e.code(), "MOVED" | "CLUSTERDOWN" | "TRYAGAIN")
+                        {
                             self.stale = true;
                         }
-                        done(node.items[n], Outcome::Refused);
+                        answered = true;
+                        reply(node.items[n], Ok(v));
                     }
-                    Some(Ok(_)) => done(node.items[n], Outcome::Stored),
                     // Failed while reading: what is left is unknown.
                     Some(Err(_)) => {
                         node.items.drain(..n);
-                        node.fail(done);
-                        healthy = false;
+                        node.fail(health, cfg, reply);
+                        failed = true;
+                        answered = false;
                         break;
                     }
                     // Failed while sending, and already counted.
                     None => break,
                 }
             }
+            if answered {
+                health.answered(&node.name);
+            }
             node.buf.clear();
             node.items.clear();
         }
-        if !healthy {
+        if failed {
             // The node may have failed over, or gone for good.
             self.stale = true;
         }
-        healthy
     }
 
     /// Reads the slot map (`CLUSTER SLOTS`) from the first URL that
@@ -276,9 +444,9 @@ impl Writer {
     }
 }
 
-/// What the writer made of the last slot map (tests and fuzzing).
+/// What the last slot map was read as (tests and fuzzing).
 #[cfg(any(test, feature = "fuzzing"))]
-impl Writer {
+impl Nodes {
     /// The address of the node that owns `slot`, if any.
     pub(crate) fn owner_of(&self, slot: usize) -> Option<&ConnectionAddr> {
         let node = *self.owner.get(slot)?;
@@ -299,6 +467,7 @@ impl Writer {
 impl Node {
     fn new(info: redis::ConnectionInfo) -> Self {
         Self {
+            name: info.addr().to_string(),
             info,
             con: None,
             buf: Vec::new(),
@@ -322,11 +491,31 @@ impl Node {
         con.send_packed_command(&self.buf)
     }
 
-    /// Drops the connection, whose state is unknown, and reports the
-    /// node's unanswered items as failed.
-    fn fail(&mut self, done: &mut dyn FnMut(usize, Outcome)) {
+    /// Drops the connection, whose state is unknown, reports the node's
+    /// unanswered items as failed and starts (or lengthens) its backoff.
+    fn fail(
+        &mut self,
+        health: &Health,
+        cfg: &TierConfig,
+        reply: &mut dyn FnMut(usize, Result<Value, ()>),
+    ) {
         self.con = None;
-        self.items.drain(..).for_each(|i| done(i, Outcome::Failed));
+        health.failed(&self.name, cfg);
+        self.items.drain(..).for_each(|i| reply(i, Err(())));
+    }
+}
+
+/// Appends the command `args` to `buf` in RESP.
+fn pack(buf: &mut Vec<u8>, scratch: &mut String, args: &[&[u8]]) {
+    scratch.clear();
+    let _ = write!(scratch, "*{}\r\n", args.len());
+    buf.extend_from_slice(scratch.as_bytes());
+    for a in args {
+        scratch.clear();
+        let _ = write!(scratch, "${}\r\n", a.len());
+        buf.extend_from_slice(scratch.as_bytes());
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b"\r\n");
     }
 }
 
@@ -414,7 +603,7 @@ mod tests {
             range(100, 199, Value::BulkString(Vec::new()), 7001),
             range(200, 299, name("?"), 7002),
         ]);
-        let mut w = Writer::new(true);
+        let mut w = Nodes::new(true);
         w.apply(&seed(), &map);
         let addr = |slot: usize| w.nodes[w.owner[slot] as usize].info.addr().clone();
         assert_eq!(addr(0), ConnectionAddr::Tcp("127.0.0.1".into(), 7000));
@@ -435,7 +624,7 @@ mod tests {
             })
             .collect();
         ranges.push(range(0, 16383, name("owner"), 7000));
-        let mut w = Writer::new(true);
+        let mut w = Nodes::new(true);
         w.apply(&seed(), &Value::Array(ranges));
         assert_eq!(w.node_addrs().len(), 1);
         assert_eq!(
@@ -451,7 +640,7 @@ mod tests {
         let ranges: Vec<Value> = (0..70_000)
             .map(|i| range(0, 0, name(&format!("h{i}")), 7000))
             .collect();
-        let mut w = Writer::new(true);
+        let mut w = Nodes::new(true);
         w.apply(&seed(), &Value::Array(ranges));
         assert_eq!(w.node_addrs().len(), 1);
         assert_eq!(
@@ -459,6 +648,13 @@ mod tests {
             Some(&ConnectionAddr::Tcp("h69999".into(), 7000))
         );
         assert_eq!(w.owner_of(1), None);
+    }
+
+    #[test]
+    fn commands_pack_as_resp() {
+        let (mut buf, mut scratch) = (Vec::new(), String::new());
+        pack(&mut buf, &mut scratch, &[b"GET", b"ns:k"]);
+        assert_eq!(buf, b"*2\r\n$3\r\nGET\r\n$4\r\nns:k\r\n");
     }
 
     #[test]
