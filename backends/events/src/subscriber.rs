@@ -313,8 +313,12 @@ impl Subscriber {
     }
 
     /// Asks `w`'s replay socket for every batch from the next one to apply
-    /// on, and applies them in order; whatever below `to` it cannot supply
-    /// is counted lost.
+    /// on, and applies them in order: those below `to`, whatever below
+    /// `to` it cannot supply being counted lost, then those from `to` on
+    /// as long as they run on without a hole (the live stream may have
+    /// dropped them too). A reply that starts past `to`, or leaves a hole
+    /// after it, never decides the fate of the batches from `to` on: the
+    /// live stream brings them, or shows them missing, a new gap.
     fn fill(&mut self, w: usize, to: u64) -> Result<(), zmq::Error> {
         let from = self.workers[w].seq.next();
         let mut got = Vec::new();
@@ -324,7 +328,10 @@ impl Subscriber {
             // Never wait to send: a replay socket that is not there would
             // queue requests until it blocked the router.
             ended = false;
-            let sent = match replay.send(&from.to_be_bytes()[..], zmq::DONTWAIT) {
+            // An empty delimiter first, as a REQ socket would send: vLLM's
+            // replay socket requires it, and ours echoes it back.
+            let request = [&[][..], &from.to_be_bytes()[..]];
+            let sent = match replay.send_multipart(request, zmq::DONTWAIT) {
                 Ok(()) => true,
                 Err(zmq::Error::EAGAIN) => false,
                 Err(e) => return Err(e),
@@ -335,6 +342,8 @@ impl Subscriber {
             // while messages keep coming: a peer that streams malformed
             // replies without an end cannot hold the router here.
             let mut received = 0;
+            // The batch after the last one kept, while they run on.
+            let mut expect = from;
             while sent && received < MAX_REPLAY_BATCHES {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if received > 0 && left.is_zero() {
@@ -345,7 +354,11 @@ impl Subscriber {
                 }
                 let frames = replay.recv_multipart(0)?;
                 received += 1;
-                let [seq, payload] = &frames[..] else {
+                let body = match frames.split_first() {
+                    Some((delimiter, rest)) if delimiter.is_empty() => rest,
+                    _ => &frames[..],
+                };
+                let [seq, payload] = body else {
                     self.stats.malformed += 1;
                     continue;
                 };
@@ -357,9 +370,18 @@ impl Subscriber {
                     ended = true;
                     break;
                 }
+                // Nothing decoded or held for the rest: repeats, wild
+                // numbers, and batches from `to` on after a hole.
+                let seq = seq as u64;
+                if seq < expect || (seq >= to && seq != expect) {
+                    continue;
+                }
                 // As live: an undecodable batch takes no number.
                 match decode(payload) {
-                    Ok(batch) => got.push((seq as u64, batch)),
+                    Ok(batch) => {
+                        expect = seq + 1;
+                        got.push((seq, batch));
+                    }
                     Err(e) => {
                         self.stats.malformed += 1;
                         undecoded.push(format!("worker {w}: replayed batch {seq}: {e}"));

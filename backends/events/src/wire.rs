@@ -2,18 +2,23 @@
 //!
 //! A batch is the array `[ts, events, data_parallel_rank]`: `ts` a float of
 //! seconds since the Unix epoch, `rank` nil. Each event is an array whose
-//! first element names it, then vLLM's fields in vLLM's order, then
-//! kvslice's own (which vLLM's consumers ignore or reject as they treat
-//! extra trailing fields):
+//! first element names it, then vLLM's fields in the order of vLLM's
+//! array-encoded structs (nil where kvslice has nothing to say), then
+//! kvslice's own, which an array-like vLLM consumer ignores as extra
+//! trailing fields:
 //!
 //! - `["BlockStored", block_hashes, parent_block_hash, token_ids,
-//!   block_size, lora_id, medium, num_tokens, layer_group, head_shard,
-//!   first_block_index]`: a run of blocks of one sequence, each the
-//!   parent of the next; hashes are 16-byte big-endian binaries (kvslice's
-//!   128-bit keys); `parent_block_hash` the block before the first, or
-//!   nil; `token_ids` empty (the store keeps keys, not tokens);
-//!   `num_tokens` the tokens each block holds;
-//! - `["BlockRemoved", block_hashes, medium, layer_group, head_shard]`;
+//!   block_size, lora_id, medium, lora_name, extra_keys, group_idx,
+//!   kv_cache_spec_kind, kv_cache_spec_sliding_window, head_shard,
+//!   first_block_index, num_tokens]`: a run of blocks of one sequence,
+//!   each the parent of the next; hashes are 16-byte big-endian binaries
+//!   (kvslice's 128-bit keys); `parent_block_hash` the block before the
+//!   first, or nil; `token_ids` empty (the store keeps keys, not tokens);
+//!   `group_idx` the pages' layer group; `num_tokens` the tokens each
+//!   block holds; `lora_id`, `lora_name`, `extra_keys` and the two
+//!   `kv_cache_spec` fields nil;
+//! - `["BlockRemoved", block_hashes, medium, group_idx, head_shard]`,
+//!   `group_idx` the layer group;
 //! - `["AllBlocksCleared"]`.
 
 use kvslice_core::events::{KvEvent, Medium};
@@ -183,6 +188,13 @@ fn hashes_value(hs: &[BlockHash]) -> Value {
     Value::Array(hs.iter().map(|&h| hash_value(h)).collect())
 }
 
+/// `BlockStored`'s field positions past vLLM's own: the layer group sits
+/// in vLLM's `group_idx`, and kvslice's fields follow vLLM's last.
+const STORED_GROUP_IDX: usize = 9;
+const STORED_HEAD_SHARD: usize = 12;
+const STORED_FIRST_BLOCK_INDEX: usize = 13;
+const STORED_NUM_TOKENS: usize = 14;
+
 /// Encodes a batch.
 pub fn encode(ts: f64, events: &[WireEvent]) -> Vec<u8> {
     let events = events
@@ -205,10 +217,16 @@ pub fn encode(ts: f64, events: &[WireEvent]) -> Vec<u8> {
                 Value::from(*block_size),
                 Value::Nil,
                 Value::from(medium.as_str()),
-                Value::Array(tokens.iter().map(|&t| Value::from(t)).collect()),
+                // vLLM's lora_name, extra_keys, group_idx (the layer
+                // group), kv_cache_spec_kind, kv_cache_spec_sliding_window.
+                Value::Nil,
+                Value::Nil,
                 Value::from(*layer_group),
+                Value::Nil,
+                Value::Nil,
                 Value::from(*head_shard),
                 Value::from(*first_block_index),
+                Value::Array(tokens.iter().map(|&t| Value::from(t)).collect()),
             ]),
             WireEvent::Removed {
                 hashes,
@@ -321,7 +339,7 @@ fn event(v: &Value) -> Result<Result<WireEvent, String>, DecodeError> {
                 Value::Nil => None,
                 v => Some(hash(v)?),
             };
-            let tokens = field(7)?
+            let tokens = field(STORED_NUM_TOKENS)?
                 .as_array()
                 .ok_or(DecodeError::Shape("num_tokens is not an array"))?
                 .iter()
@@ -336,7 +354,7 @@ fn event(v: &Value) -> Result<Result<WireEvent, String>, DecodeError> {
                     "num_tokens and block_hashes differ in length",
                 ));
             }
-            let first_block_index = u32_at(10)?;
+            let first_block_index = u32_at(STORED_FIRST_BLOCK_INDEX)?;
             let last = u32::try_from(hashes.len().saturating_sub(1)).ok();
             if last
                 .and_then(|l| first_block_index.checked_add(l))
@@ -350,8 +368,8 @@ fn event(v: &Value) -> Result<Result<WireEvent, String>, DecodeError> {
                 tokens,
                 block_size: u32_at(4)?,
                 medium: str_at(6)?,
-                layer_group: u32_at(8)?,
-                head_shard: u32_at(9)?,
+                layer_group: u32_at(STORED_GROUP_IDX)?,
+                head_shard: u32_at(STORED_HEAD_SHARD)?,
                 first_block_index,
             }
         })),

@@ -1,12 +1,14 @@
-//! An independent consumer: a Python script with pyzmq and msgpack (no
-//! kvslice code) subscribes over loopback, decodes every batch, fills the
+//! An independent consumer: a Python script with pyzmq, msgpack and
+//! msgspec (no kvslice code) subscribes over loopback, decodes every batch
+//! (also into structs of vLLM's array-encoded event schema), fills the
 //! batches it missed from the replay socket, and reports the blocks it
 //! believes the store holds; they must be the store's own, after
 //! evictions, a clear, and a burst that overflowed the event ring.
 //!
-//! Needs Python 3 with pyzmq and msgpack (`python3 -m pip install pyzmq
-//! msgpack`; `KVSLICE_PYZMQ_PYTHON` names another interpreter). Without them the
-//! test prints `SKIPPED`, unless `KVSLICE_REQUIRE_PYZMQ=1` (CI sets it).
+//! Needs Python 3 with pyzmq, msgpack and msgspec (`python3 -m pip install
+//! pyzmq msgpack msgspec`; `KVSLICE_PYZMQ_PYTHON` names another
+//! interpreter). Without them the test prints `SKIPPED`, unless
+//! `KVSLICE_REQUIRE_PYZMQ=1` (CI sets it).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -24,15 +26,17 @@ use kvslice_events::{Publisher, PublisherConfig};
 fn python() -> Option<String> {
     let python = std::env::var("KVSLICE_PYZMQ_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&python)
-        .args(["-c", "import zmq, msgpack"])
+        .args(["-c", "import zmq, msgpack, msgspec"])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if ok {
         return Some(python);
     }
-    let why =
-        format!("{python} cannot import zmq and msgpack (python3 -m pip install pyzmq msgpack)");
+    let why = format!(
+        "{python} cannot import zmq, msgpack and msgspec \
+         (python3 -m pip install pyzmq msgpack msgspec)"
+    );
     assert!(
         std::env::var("KVSLICE_REQUIRE_PYZMQ").as_deref() != Ok("1"),
         "KVSLICE_REQUIRE_PYZMQ=1 but {why}"
@@ -168,6 +172,11 @@ fn a_python_consumer_sees_what_the_store_holds() {
     );
     assert!(report.live > 0, "the later batches arrived live");
     assert_eq!(report.cleared, 2, "the clear and the resync");
+    assert_eq!(
+        report.vllm_schema_batches,
+        last + 1,
+        "every batch decodes with vLLM's event schema"
+    );
     assert_eq!(report.blocks, holdings(&store));
     assert!(!report.blocks.is_empty());
 }
@@ -178,6 +187,7 @@ struct Report {
     live: u64,
     missing: usize,
     cleared: u64,
+    vllm_schema_batches: u64,
 }
 
 /// Reads the consumer's JSON line (a few fields; the blocks are
@@ -202,5 +212,6 @@ fn parse(line: &str) -> Report {
         live: v["live"].as_u64().unwrap(),
         missing: v["missing"].as_array().unwrap().len(),
         cleared: v["cleared"].as_u64().unwrap(),
+        vllm_schema_batches: v["vllm_schema_batches"].as_u64().unwrap(),
     }
 }

@@ -272,13 +272,16 @@ fn a_late_replay_reply_answers_no_later_request() {
             replay.send_multipart([id, &end[..], &[][..]], 0).unwrap();
         };
         let first = replay.recv_multipart(0).unwrap();
-        assert_eq!(first[1], 0u64.to_be_bytes(), "the first gap starts at 0");
+        // `[identity, "", start]`, the request vLLM's replay socket takes.
+        assert_eq!(first.len(), 3, "{first:?}");
+        assert!(first[1].is_empty(), "an empty delimiter: {first:?}");
+        assert_eq!(first[2], 0u64.to_be_bytes(), "the first gap starts at 0");
         // Past the subscriber's 200 ms.
         std::thread::sleep(Duration::from_millis(600));
         reply(&first[0], 0..2);
         late_sent.send(()).unwrap();
         let second = replay.recv_multipart(0).unwrap();
-        let from = u64::from_be_bytes(second[1].as_slice().try_into().unwrap());
+        let from = u64::from_be_bytes(second[2].as_slice().try_into().unwrap());
         reply(&second[0], from..5);
     });
     let live = |seq: u64| {
@@ -302,6 +305,46 @@ fn a_late_replay_reply_answers_no_later_request() {
     );
     let known: Vec<bool> = (100..106).map(|b| knows(&sub, b)).collect();
     assert_eq!(known, [false, false, true, true, true, true]);
+}
+
+/// A replay whose window starts past the batch that opened the gap (the
+/// publisher kept only later batches), or that names a wild number: the
+/// batches it lacks below the gap are lost, and only those; the live batch
+/// in hand and the live ones queued after it are applied, not dropped as
+/// already replayed or counted lost.
+#[test]
+fn a_replay_past_the_gap_decides_only_the_gap() {
+    let ctx = zmq::Context::new();
+    let (worker, replay, mut sub) = worker_sockets(&ctx, true, 2000);
+    let replay = replay.unwrap();
+    let server = std::thread::spawn(move || {
+        let request = replay.recv_multipart(0).unwrap();
+        assert_eq!(request[2], 1u64.to_be_bytes(), "the gap starts at 1");
+        // The publisher kept only batch 3 on, and one wild number. Replies
+        // as vLLM's replay socket sends them, the delimiter echoed.
+        for (seq, b) in [(3u64, 103u128), (1 << 40, 999)] {
+            let p = encode(1.0, &[stored_block(b)]);
+            replay
+                .send_multipart([&request[0][..], b"", &seq.to_be_bytes()[..], &p[..]], 0)
+                .unwrap();
+        }
+        let end = (-1i64).to_be_bytes();
+        replay
+            .send_multipart([&request[0][..], b"", &end[..], &[][..]], 0)
+            .unwrap();
+    });
+    send_batch(&worker, 0, 100);
+    poll_until(&mut sub, |s| s.next_seq(0) == 1);
+    // Batch 1 is lost on the way; 2, then 3 and 4, arrive live.
+    send_batch(&worker, 2, 102);
+    send_batch(&worker, 3, 103);
+    send_batch(&worker, 4, 104);
+    poll_until(&mut sub, |s| s.next_seq(0) == 5);
+    server.join().unwrap();
+    let stats = sub.stats();
+    assert_eq!((stats.gaps, stats.unfilled), (1, 1), "{stats:?}");
+    let known: Vec<bool> = [100, 102, 103, 104, 999].map(|b| knows(&sub, b)).to_vec();
+    assert_eq!(known, [true, true, true, true, false], "{stats:?}");
 }
 
 /// A worker's XPUB socket with one subscriber (no replay socket)
