@@ -371,8 +371,13 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
         return run_replay_tier(args, &policies, &trace, urls);
     }
     if !args.json {
+        let belady = if args.threads.threads > 1 && policies.iter().any(|p| p == "belady") {
+            "; belady, an offline oracle, on 1"
+        } else {
+            ""
+        };
         println!(
-            "trace {}: {} requests, {} block lookups ({} threads)",
+            "trace {}: {} requests, {} block lookups ({} threads{belady})",
             args.trace.trace.display(),
             trace.requests.len(),
             trace.blocks(),
@@ -462,6 +467,12 @@ fn run_replay_tier(
     urls: &str,
 ) -> Result<(), String> {
     use kvslice_benches::tier::{Setup, TierReplayConfig, table, tier_replay};
+    if args.by_hits {
+        return Err(
+            "--by-hits is not supported with --tier: its table splits hits into local and remote"
+                .into(),
+        );
+    }
     if args.threads.threads > 1 {
         return Err(
             "--tier replays one replica on one thread; `kvslice tier --replicas N` runs several"

@@ -209,9 +209,8 @@ pub(crate) fn keys(trace: &Trace, layout: KvLayout) -> Result<Keys, Error> {
 
 /// Replays `trace` with `cfg`.
 pub fn replay(trace: &Trace, cfg: &ReplayConfig) -> Result<ReplayReport, Error> {
-    if cfg.capacity_blocks == 0 {
-        return Err(Error::InvalidValue("capacity must be at least one block"));
-    }
+    // Before the oracle or a policy sizes its tables by the capacity.
+    crate::policy::check_capacity(cfg.capacity_blocks)?;
     if cfg.threads == 0 {
         return Err(Error::InvalidValue("threads must be at least 1"));
     }
@@ -301,6 +300,9 @@ fn run<E: EvictionPolicy>(
                 s.spawn(|| {
                     let mut lat = Vec::new();
                     let mut held = Vec::new();
+                    // Requests this thread finished since it last moved the
+                    // bar: added, so that the bar never runs backwards.
+                    let mut done = 0u64;
                     loop {
                         let i = next.fetch_add(1, Relaxed);
                         if i >= n {
@@ -320,10 +322,13 @@ fn run<E: EvictionPolicy>(
                             next.store(n, Relaxed);
                             break;
                         }
-                        if i.is_multiple_of(256) {
-                            bar.set_position(i as u64);
+                        done += 1;
+                        if done == 256 {
+                            bar.inc(done);
+                            done = 0;
                         }
                     }
+                    bar.inc(done);
                     latencies.lock().unwrap().extend(lat);
                 });
             }

@@ -143,6 +143,21 @@ fn decode<P: PageMemoryMut + ?Sized, E: AttentionEngine<P>>(
     Ok(Generation { tokens, logits })
 }
 
+/// The largest difference between two logit vectors, relative to the
+/// largest magnitude of `b`; infinite where either holds a non-finite
+/// value (`f32::max` would skip a NaN and report agreement).
+fn logit_rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() || a.iter().chain(b).any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let scale = b
+        .iter()
+        .fold(0f32, |m, x| m.max(x.abs()))
+        .max(f32::MIN_POSITIVE);
+    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    f64::from(diff / scale)
+}
+
 /// Serves the stream twice (with reuse, then from scratch) and compares.
 pub fn serve<E>(engine: &E, engine_name: &str, cfg: &ServeConfig) -> Result<ServeReport>
 where
@@ -153,8 +168,16 @@ where
     let layout = layout(&spec, cfg.kv_dtype)?;
     let bt = BLOCK_TOKENS as usize;
     let requests = prompts(cfg);
-    let longest = requests.iter().map(|p| p.len()).max().unwrap_or(0) + cfg.decode_steps;
-    if (longest.div_ceil(bt)) as u32 > cfg.capacity_pages {
+    // Before a policy sizes its tables by the capacity, and in usize: a
+    // request's page count cut to 32 bits would pass the check.
+    crate::policy::check_capacity(cfg.capacity_pages)?;
+    let longest = requests
+        .iter()
+        .map(|p| p.len())
+        .max()
+        .unwrap_or(0)
+        .saturating_add(cfg.decode_steps);
+    if longest.div_ceil(bt) > cfg.capacity_pages as usize {
         return Err(Error::InvalidValue("capacity is smaller than one request"));
     }
     let store = CacheStore::new(
@@ -242,17 +265,7 @@ where
     let mut tokens_match = true;
     for (a, b) in reuse_out.iter().zip(&scratch_out) {
         tokens_match &= a.tokens == b.tokens;
-        let scale = b
-            .logits
-            .iter()
-            .fold(0f32, |m, x| m.max(x.abs()))
-            .max(f32::MIN_POSITIVE);
-        let diff = a
-            .logits
-            .iter()
-            .zip(&b.logits)
-            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        max_diff = max_diff.max(f64::from(diff / scale));
+        max_diff = max_diff.max(logit_rel_diff(&a.logits, &b.logits));
     }
     let prompt_tokens: usize = requests.iter().map(|p| p.len()).sum();
     let all_tokens = (prompt_tokens + requests.len() * cfg.decode_steps) as f64;
@@ -269,4 +282,43 @@ where
         kv_bytes: store.pool().capacity() as usize * layout.page_bytes(),
         weight_bytes: model.weight_bytes(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvslice_core::ReferenceEngine;
+
+    #[test]
+    fn non_finite_logits_are_a_mismatch() {
+        assert_eq!(logit_rel_diff(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(logit_rel_diff(&[1.0, 4.0], &[1.0, 2.0]) > 0.9);
+        assert_eq!(logit_rel_diff(&[1.0, f32::NAN], &[1.0, 0.5]), f64::INFINITY);
+        assert_eq!(
+            logit_rel_diff(&[1.0, 0.5], &[f32::INFINITY, 0.5]),
+            f64::INFINITY
+        );
+        assert_eq!(logit_rel_diff(&[1.0], &[1.0, 0.5]), f64::INFINITY);
+    }
+
+    /// Sizes past a page pool, or a request's page count past 32 bits, are
+    /// errors before anything is allocated.
+    #[test]
+    fn impossible_sizes_are_errors_at_once() {
+        for cfg in [
+            ServeConfig {
+                capacity_pages: u32::MAX,
+                ..ServeConfig::default()
+            },
+            ServeConfig {
+                decode_steps: 1 << 36,
+                ..ServeConfig::default()
+            },
+        ] {
+            assert!(matches!(
+                serve(&ReferenceEngine, "reference", &cfg),
+                Err(Error::InvalidValue(_))
+            ));
+        }
+    }
 }

@@ -29,6 +29,19 @@ fn impossible_capacities_are_errors() {
         "4294967295",
     ]);
     assert!(err.contains("2^30 - 2 blocks"), "{err}");
+    // The offline oracle sizes its tables too: the same check, no abort.
+    let err = fails(&[
+        "replay",
+        "--trace",
+        TRACE,
+        "--policy",
+        "belady",
+        "--capacity-blocks",
+        "4294967295",
+    ]);
+    assert!(err.contains("2^30 - 2 blocks"), "{err}");
+    let err = fails(&["serve", "--capacity-pages", "4294967295"]);
+    assert!(err.contains("2^30 - 2 blocks"), "{err}");
     // The same memory as int8 would be past 2^32 blocks: not wrapped.
     let err = fails(&[
         "replay",
@@ -65,6 +78,21 @@ fn impossible_capacities_are_errors() {
         "858993460",
     ]);
     assert!(err.contains("past 2^32 blocks"), "{err}");
+}
+
+/// An option the tier's replay cannot honour is refused before it
+/// connects (nothing listens on port 1), not silently ignored.
+#[test]
+fn replay_with_a_tier_refuses_what_it_cannot_print() {
+    let err = fails(&[
+        "replay",
+        "--trace",
+        TRACE,
+        "--tier",
+        "redis://127.0.0.1:1",
+        "--by-hits",
+    ]);
+    assert!(err.contains("--by-hits"), "{err}");
 }
 
 #[test]
