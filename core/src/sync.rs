@@ -67,7 +67,10 @@ impl<T> SpinLock<T> {
                 .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return SpinGuard { lock: self };
+                return SpinGuard {
+                    lock: self,
+                    _not_sync: core::marker::PhantomData,
+                };
             }
             while self.locked.load(Ordering::Relaxed) {
                 spin_hint();
@@ -78,7 +81,16 @@ impl<T> SpinLock<T> {
 
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
+    /// Without it the guard would be `Sync` whenever `T: Send` (through
+    /// `&SpinLock<T>`), and a shared guard would hand `&T` to several
+    /// threads; `Sync` is granted below for `T: Sync` only, as std's
+    /// `MutexGuard` does. (It also makes the guard `!Send`, as std's is.)
+    _not_sync: core::marker::PhantomData<*const ()>,
 }
+
+// SAFETY: a shared guard gives out `&T` only, which several threads may
+// hold at once exactly when `T: Sync`.
+unsafe impl<T: Sync> Sync for SpinGuard<'_, T> {}
 
 impl<T> SpinGuard<'_, T> {
     fn ptr(&self) -> *mut T {

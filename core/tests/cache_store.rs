@@ -399,3 +399,31 @@ fn events_tell_policies_which_blocks_are_partial_tails() {
         assert_eq!(partial(&p.hits.lock().unwrap()), want, "{buffered}");
     }
 }
+
+/// `pin` gives a guard the store accepts whatever collector it was built
+/// on: a store of its own collector is used through it like any other.
+#[test]
+fn pin_works_on_a_store_of_its_own_collector() {
+    let collector = crossbeam_epoch::Collector::new();
+    let store = CacheStore::from_parts(
+        kvslice_core::PagePool::new(layout(), 4).unwrap(),
+        LruPolicy::new(4),
+        collector.clone(),
+    )
+    .unwrap();
+    let guard = store.pin();
+    let req = store.begin_request();
+    let page = store.allocate(1, &guard).unwrap().pop().unwrap();
+    let key = chain(9, 1)[0];
+    let held = store.publish(&req, page, key, None, BT, &guard).unwrap();
+    drop(held);
+    let mut found = Vec::new();
+    assert_eq!(
+        store
+            .lookup_prefix(&req, &[key], BT as usize, &guard, &mut found)
+            .unwrap(),
+        1
+    );
+    drop(found);
+    store.end_request(req).unwrap();
+}

@@ -322,3 +322,39 @@ fn page_views_expose_only_held_pages() {
     drop(view);
     assert_eq!(w.bytes()[0], 9);
 }
+
+/// A page of another pool (here of a smaller layout) added to a view is
+/// never read or written through it: every access is a typed error, where
+/// a write sized by the view's layout would index past the page.
+#[test]
+fn page_views_refuse_pages_of_another_pool() {
+    use kvslice_core::{AttentionEngine, KvWrite, PageMemory, PageView, ReferenceEngine};
+    let big = KvLayout::new(LayoutSpec::new(1, 2, 2, 8, 4, KvDtype::F32)).unwrap();
+    let small = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 2, KvDtype::F32)).unwrap();
+    let (a, b) = (
+        PagePool::new(big, 2).unwrap(),
+        PagePool::new(small, 2).unwrap(),
+    );
+    let mut mine = a.alloc().unwrap();
+    let mut theirs = b.alloc().unwrap();
+    let table = [theirs.handle().id()];
+    let mut view = PageView::new(&a);
+    view.add_mut(&mut mine);
+    view.add_mut(&mut theirs);
+    let kv = vec![1.0f32; 2 * 8];
+    let write = KvWrite {
+        layer: 0,
+        shard: 0,
+        block_table: &table,
+        start: 0,
+        k: &kv,
+        v: &kv,
+    };
+    assert!(matches!(
+        ReferenceEngine.write_kv(&mut view, &write),
+        Err(Error::InvalidValue(_))
+    ));
+    assert!(matches!(view.page(table[0]), Err(Error::InvalidValue(_))));
+    drop(view);
+    assert!(theirs.bytes().iter().all(|&b| b == 0), "untouched");
+}

@@ -39,17 +39,21 @@ pub struct ScaledRows<'a> {
 impl ScaledRows<'_> {
     /// Element `i` (in storage order) as f32: its code times its token's
     /// scale.
+    /// `None` past the end, and for rows whose codes are not a whole
+    /// number of rows of one scale each (possible only for rows built by
+    /// hand from the public fields).
     pub fn get_f32(&self, i: usize) -> Option<f32> {
         let code = *self.codes.get(i)?;
         let bt = self.scales.len();
         let token = if self.dim_major {
-            i % bt
+            i.checked_rem(bt)?
         } else {
-            i / (self.codes.len() / bt)
+            let row = self.codes.len().checked_div(bt).filter(|&r| r > 0)?;
+            i / row
         };
         let mut x = [0f32];
         self.dtype
-            .dequantize_row(&[code], self.scales[token], &mut x)
+            .dequantize_row(&[code], *self.scales.get(token)?, &mut x)
             .ok()?;
         Some(x[0])
     }
@@ -166,4 +170,25 @@ pub(crate) fn rows_mut<'a>(
         KvDtype::Bf16 => KvRowsMut::Bf16(<[bf16]>::mut_from_bytes(bytes).map_err(|_| MISALIGNED)?),
         KvDtype::I8 | KvDtype::F8E4M3 => unreachable!("scaled dtypes have a scale region"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows built by hand whose codes and scales disagree are `None`, not
+    /// a division by zero or an index past the scales.
+    #[test]
+    fn mismatched_hand_built_rows_are_none() {
+        let rows = |codes, scales, dim_major| ScaledRows {
+            dtype: KvDtype::I8,
+            codes,
+            scales,
+            dim_major,
+        };
+        assert_eq!(rows(&[1, 2], &[1.0; 4], false).get_f32(0), None);
+        assert_eq!(rows(&[0; 3], &[1.0; 2], false).get_f32(2), None);
+        assert_eq!(rows(&[1], &[], true).get_f32(0), None);
+        assert_eq!(rows(&[2, 4], &[0.5, 0.25], false).get_f32(1), Some(1.0));
+    }
 }

@@ -229,7 +229,9 @@ impl<'m> PagePool<'m> {
     }
 
     /// Pages free right now: a scan of every page's state, so O(capacity),
-    /// and only a snapshot while other threads allocate or free.
+    /// and only a snapshot while other threads allocate or free. Pages an
+    /// [`alloc_many`](Self::alloc_many) batch holds and has not handed out
+    /// yet still count (their state says free until taken).
     pub fn free_pages(&self) -> u32 {
         self.states
             .iter()

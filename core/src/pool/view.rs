@@ -11,7 +11,9 @@ use crate::page::{PageGeometry, PageId, PageMemory, PageMemoryMut};
 /// Page memory made of borrowed guards: readable pages from [`PageRef`]s
 /// (cached, immutable) and writable ones from [`PageMut`]s (being filled).
 /// Any other page id is an error, so an engine can only touch pages the
-/// caller holds; the borrows make aliasing impossible.
+/// caller holds; the borrows make aliasing impossible. A page of another
+/// pool (whose layout may differ) is never read or written: once one is
+/// added, every access through the view is an error.
 ///
 /// ```
 /// use kvslice_core::{
@@ -43,6 +45,10 @@ use crate::page::{PageGeometry, PageId, PageMemory, PageMemoryMut};
 pub struct PageView<'a> {
     layout: KvLayout,
     capacity: u32,
+    /// The pool the view is of.
+    pool: u64,
+    /// A page of another pool was added.
+    foreign: bool,
     reads: HashMap<u32, &'a [u8]>,
     writes: HashMap<u32, &'a mut [u8]>,
 }
@@ -53,20 +59,41 @@ impl<'a> PageView<'a> {
         Self {
             layout: *pool.layout(),
             capacity: pool.capacity(),
+            pool: pool.id(),
+            foreign: false,
             reads: HashMap::new(),
             writes: HashMap::new(),
         }
     }
 
-    /// Makes a cached page readable through the view.
+    /// Makes a cached page readable through the view (a page of another
+    /// pool makes every access an error).
     pub fn add_ref(&mut self, page: &'a PageRef<'_, '_>) {
+        if page.pool().id() != self.pool {
+            self.foreign = true;
+            return;
+        }
         self.reads.insert(page.handle().id().0, page.bytes());
     }
 
-    /// Makes a page being filled readable and writable through the view.
+    /// Makes a page being filled readable and writable through the view
+    /// (a page of another pool makes every access an error).
     pub fn add_mut(&mut self, page: &'a mut PageMut<'_, '_>) {
+        if page.pool().id() != self.pool {
+            self.foreign = true;
+            return;
+        }
         let id = page.handle().id().0;
         self.writes.insert(id, page.bytes_mut());
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.foreign {
+            true => Err(Error::InvalidValue(
+                "a page of another pool was added to this view",
+            )),
+            false => Ok(()),
+        }
     }
 
     fn missing(id: PageId) -> Error {
@@ -90,6 +117,7 @@ impl PageGeometry for PageView<'_> {
 
 impl PageMemory for PageView<'_> {
     fn page(&self, id: PageId) -> Result<&[u8]> {
+        self.check()?;
         match (self.reads.get(&id.0), self.writes.get(&id.0)) {
             (Some(r), _) => Ok(r),
             (None, Some(w)) => Ok(w),
@@ -100,6 +128,7 @@ impl PageMemory for PageView<'_> {
 
 impl PageMemoryMut for PageView<'_> {
     fn page_mut(&mut self, id: PageId) -> Result<&mut [u8]> {
+        self.check()?;
         match self.writes.get_mut(&id.0) {
             Some(w) => Ok(w),
             None if self.reads.contains_key(&id.0) => {

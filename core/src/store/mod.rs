@@ -161,9 +161,18 @@ impl<E: EvictionPolicy> CacheStore<'static, E> {
         )
     }
 
-    /// A guard on the default collector, for this thread.
+    /// A guard for this thread on the store's collector: the default one's
+    /// thread-local handle for a store made by [`CacheStore::new`]; for one
+    /// built by [`CacheStore::from_parts`] on a collector of its own, a
+    /// handle registered for the call (slower: pin such a store's own
+    /// handles where it matters).
     pub fn pin(&self) -> Guard {
-        crossbeam_epoch::pin()
+        let collector = self.map.collector();
+        if collector == crossbeam_epoch::default_collector() {
+            crossbeam_epoch::pin()
+        } else {
+            collector.register().pin()
+        }
     }
 }
 
@@ -308,13 +317,16 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
     /// `total_tokens` (the tokens `keys` cover) sizes the miss count in
     /// tokens.
     ///
-    /// Takes no lock, whatever the policy, except [`LruPolicy`]'s, whose
-    /// exact order needs its lock on every hit: per block, a map read, a
-    /// reference, and one record of the access (the clock policy's bit, or
-    /// four stores into a lossy buffer, whose slots the lookup claims with
-    /// one compare-and-swap per 16 blocks).
+    /// Under the default policy and the clock policy it takes no lock: per
+    /// block, a map read, a reference, and one record of the access (the
+    /// clock policy's bit, or four stores into a lossy buffer, whose slots
+    /// the lookup claims with one compare-and-swap per 16 blocks).
+    /// [`LruPolicy`] (whose exact order needs it), [`TinyLfuPolicy`] and
+    /// [`ChainPolicy`] take their lock once per hit block.
     ///
     /// [`LruPolicy`]: crate::LruPolicy
+    /// [`TinyLfuPolicy`]: crate::TinyLfuPolicy
+    /// [`ChainPolicy`]: crate::ChainPolicy
     pub fn lookup_prefix<'s>(
         &'s self,
         request: &RequestTicket,
