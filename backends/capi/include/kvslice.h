@@ -323,6 +323,10 @@ typedef struct KvsEventStats {
   uint64_t dropped;
   // Slots in the ring.
   uint64_t capacity;
+  // The number the next event will have (below 2^48). Read it just
+  // before `kvs_events_snapshot`: drained events numbered below it
+  // happened before the snapshot, which already says them.
+  uint64_t next_number;
 } KvsEventStats;
 
 // The geometry of a model's K/V and of a page (`kvs_layout_new`).
@@ -525,8 +529,11 @@ KvsStatus kvs_events_drain(struct KvsStore store,
 // holds now to `events` (room for `cap`) and their number to `total`:
 // what a consumer that lost events rebuilds its view from. With too
 // little room: `KVS_STATUS_BUFFER_TOO_SMALL`, `total` written, no events.
-// Events emitted while it runs are in the ring, so drain the ring, take
-// the snapshot, then apply what the ring held after it.
+// To resynchronise: read `next_number` (`kvs_events_stats`), take the
+// snapshot, then keep draining as before but drop the events numbered
+// below `next_number`; a drain cannot clear them first, since it stops
+// at an event another thread is still writing, and older events wait
+// behind it.
 //
 // # Safety
 //

@@ -95,6 +95,10 @@ pub struct KvsEventStats {
     pub dropped: u64,
     /// Slots in the ring.
     pub capacity: u64,
+    /// The number the next event will have (below 2^48). Read it just
+    /// before `kvs_events_snapshot`: drained events numbered below it
+    /// happened before the snapshot, which already says them.
+    pub next_number: u64,
 }
 
 /// [`kvs_store_new`](crate::kvs_store_new), with a ring of `ring_slots`
@@ -187,8 +191,11 @@ pub unsafe extern "C" fn kvs_events_drain(
 /// holds now to `events` (room for `cap`) and their number to `total`:
 /// what a consumer that lost events rebuilds its view from. With too
 /// little room: `KVS_STATUS_BUFFER_TOO_SMALL`, `total` written, no events.
-/// Events emitted while it runs are in the ring, so drain the ring, take
-/// the snapshot, then apply what the ring held after it.
+/// To resynchronise: read `next_number` (`kvs_events_stats`), take the
+/// snapshot, then keep draining as before but drop the events numbered
+/// below `next_number`; a drain cannot clear them first, since it stops
+/// at an event another thread is still writing, and older events wait
+/// behind it.
 ///
 /// # Safety
 ///
@@ -233,6 +240,7 @@ pub unsafe extern "C" fn kvs_events_stats(store: KvsStore, out: *mut KvsEventSta
             emitted: ring.emitted(),
             dropped: ring.dropped(),
             capacity: ring.capacity() as u64,
+            next_number: ring.next_number(),
         };
         // SAFETY: checked above; the caller's promise on `out`.
         unsafe { args::write_out(out, stats, "out") }

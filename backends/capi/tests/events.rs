@@ -148,7 +148,8 @@ fn published_and_evicted_blocks_are_drained_in_order_in_pieces() {
         KvsEventStats {
             emitted: 5,
             dropped: 0,
-            capacity: 64
+            capacity: 64,
+            next_number: 5,
         }
     );
     assert_eq!(kvs_store_destroy(store), KvsStatus::Ok);
@@ -164,6 +165,8 @@ fn a_full_ring_drops_and_counts_and_a_snapshot_resynchronises() {
     assert_eq!(drain(store, 8).len(), 2);
     let s = stats(store);
     assert_eq!((s.emitted, s.dropped, s.capacity), (4, 2, 2));
+    // Dropped events take no number: the next one is the third pushed.
+    assert_eq!(s.next_number, 2);
     // The snapshot names every cached block, whatever the ring lost.
     let mut total = 0;
     let mut small = [KvsEvent::default(); 3];

@@ -38,7 +38,7 @@ pub use publisher::{MAX_REPLAY_REQUESTS, Publisher, PublisherConfig};
 #[cfg(feature = "zmq")]
 pub use sequence::RESTART_RUN;
 #[cfg(feature = "zmq")]
-pub use subscriber::{Source, Subscriber, SubscriberStats};
+pub use subscriber::{MAX_POLL_MESSAGES, Source, Subscriber, SubscriberStats};
 /// The ZeroMQ bindings the publisher and subscriber use (their errors are
 /// `zmq::Error`).
 #[cfg(feature = "zmq")]

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvslice_core::events::{KvEvent, Medium};
+use kvslice_core::events::{KvEvent, Medium, number_is_before};
 use kvslice_core::{CacheStore, EvictionPolicy};
 
 use crate::wire::{encode, fold};
@@ -74,6 +74,9 @@ pub struct Publisher {
     /// The ring's drop count when last seen.
     dropped: u64,
     resyncs: u64,
+    /// After a resync: events numbered below this were in the ring, or
+    /// being written to it, when the snapshot began; they are not sent.
+    cut: Option<u64>,
     subscribers: usize,
 }
 
@@ -127,6 +130,7 @@ impl Publisher {
             kept: VecDeque::new(),
             dropped: 0,
             resyncs: 0,
+            cut: None,
             subscribers: 0,
         })
     }
@@ -185,13 +189,29 @@ impl Publisher {
         if dropped != self.dropped {
             self.dropped = dropped;
             self.resyncs += 1;
-            // Drain first: what the ring holds happened before the
-            // snapshot is taken, and the snapshot already says it.
-            ring.try_drain(&mut |_, _| {});
+            // Every event numbered below the cut was pushed, or claimed,
+            // before the snapshot began: the snapshot already says it.
+            // They are dropped, the ones a drain meets now and the ones
+            // whose producers finish writing later (a drain stops at a
+            // claimed slot not yet written, and the events after it wait).
+            self.cut = Some(ring.next_number());
             events.push(KvEvent::Cleared);
             store.snapshot(&mut |e| events.push(e));
         }
-        ring.try_drain(&mut |_, e| events.push(e));
+        let cut = self.cut;
+        let mut past_cut = false;
+        ring.try_drain(&mut |n, e| match cut {
+            Some(c) if number_is_before(n, c) => {}
+            _ => {
+                past_cut = true;
+                events.push(e);
+            }
+        });
+        if past_cut {
+            // The drain passed the cut: nothing older is left, since
+            // events drain in number order.
+            self.cut = None;
+        }
         self.send(&events, ring.medium())
     }
 

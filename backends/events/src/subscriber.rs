@@ -48,6 +48,9 @@ pub struct SubscriberStats {
 /// past them is cut off like one that timed out.
 const MAX_REPLAY_BATCHES: usize = 1 << 16;
 
+/// Messages one [`Subscriber::poll`] handles at most.
+pub const MAX_POLL_MESSAGES: usize = 4096;
+
 /// Problems kept for a log: the most recent ones.
 const PROBLEMS_KEPT: usize = 32;
 
@@ -195,13 +198,16 @@ impl Subscriber {
         self.workers[worker].seq.restart();
     }
 
-    /// Applies every message waiting now, after waiting up to `timeout_ms`
+    /// Applies the messages waiting now, after waiting up to `timeout_ms`
     /// for the first (0: no wait; -1: forever); returns how many messages
-    /// were handled.
+    /// were handled. At most [`MAX_POLL_MESSAGES`] per call, taken from
+    /// the workers in turn, so that workers sending faster than the router
+    /// applies cannot keep the call from returning; the rest wait for the
+    /// next call.
     pub fn poll(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
         let mut handled = 0;
         let mut wait = timeout_ms;
-        loop {
+        while handled < MAX_POLL_MESSAGES {
             let mut items: Vec<zmq::PollItem<'_>> = self
                 .workers
                 .iter()
@@ -217,8 +223,16 @@ impl Subscriber {
                 .map(|(w, _)| w)
                 .collect();
             drop(items);
+            // A share each, then poll again: one busy worker cannot starve
+            // the others or hold the call.
+            let share = (MAX_POLL_MESSAGES / self.workers.len().max(1)).max(1);
             for w in ready {
-                while self.workers[w].sub.poll(zmq::POLLIN, 0)? > 0 {
+                for _ in 0..share {
+                    if handled == MAX_POLL_MESSAGES
+                        || self.workers[w].sub.poll(zmq::POLLIN, 0)? == 0
+                    {
+                        break;
+                    }
                     let frames = self.workers[w].sub.recv_multipart(0)?;
                     self.handle(w, &frames)?;
                     handled += 1;
@@ -226,6 +240,7 @@ impl Subscriber {
             }
             wait = 0;
         }
+        Ok(handled)
     }
 
     /// Waits until every batch of `worker` below `seq` has been applied, or

@@ -603,3 +603,88 @@ fn the_subscription_count_follows_consumers_that_leave() {
     drop(second);
     until(&mut publisher, 0);
 }
+
+/// A resync while a producer sits between claiming a ring slot and writing
+/// it: the drain that follows the snapshot stops at that slot, and the
+/// events after it (older than the snapshot) wait in the ring. They must
+/// not be sent over the snapshot: here a store of block X, whose removal
+/// the full ring dropped, would leave the router naming X for good.
+#[test]
+fn events_older_than_a_resync_snapshot_are_not_sent_after_it() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
+    let store = CacheStore::new(layout, 2, LruPolicy::new(2))
+        .unwrap()
+        .with_events(EventRing::new(4, Medium::Gpu));
+    let mut publisher = Publisher::bind(PublisherConfig::default()).unwrap();
+    let mut sub = Subscriber::connect(&[source(&publisher)], 1_000).unwrap();
+    wait_for_subscriber(&mut publisher);
+    let ring = store.events().unwrap();
+    // A producer claims slot 0 and stalls.
+    let stalled = ring.claim_unwritten().unwrap();
+    let serve = |conv: u64| {
+        let (guard, req) = (store.pin(), store.begin_request());
+        let mut held = Vec::new();
+        serve_blocks(&store, &req, &[key(conv, 0)], 16, &guard, &mut held).unwrap();
+        drop(held);
+        store.end_request(req).unwrap();
+    };
+    // X is stored (slot 1), then two more blocks fill the ring and evict X:
+    // its removal is dropped.
+    let x = key(1, 0).block;
+    for conv in 1..=3 {
+        serve(conv);
+    }
+    assert!(ring.dropped() > 0, "the ring overflowed");
+    assert!(!holdings(&store).contains(&x), "X was evicted");
+    publisher.pump(&store).unwrap();
+    // The producer finishes; the next pump drains slot 0 and what waited
+    // behind it.
+    stalled.write(KvEvent::Cleared);
+    serve(4);
+    publisher.pump(&store).unwrap();
+    let target = publisher.next_seq();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sub.next_seq(0) < target {
+        assert!(Instant::now() < deadline, "{:?}", sub.stats());
+        sub.poll(20).unwrap();
+    }
+    let all: BTreeSet<BlockHash> = (1..=4).map(|c| key(c, 0).block).collect();
+    assert_eq!(
+        indexed(&sub, 0, &all),
+        holdings(&store),
+        "{:?}",
+        sub.stats()
+    );
+}
+
+/// A worker that sends faster than the router applies cannot keep `poll`
+/// from returning: one call handles at most `MAX_POLL_MESSAGES`.
+#[test]
+fn a_flooding_worker_cannot_hold_poll() {
+    let ctx = zmq::Context::new();
+    let (worker, _, mut sub) = worker_sockets(&ctx, false, 100);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut seq = 0u64;
+            let until = Instant::now() + Duration::from_secs(20);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                send_batch(&worker, seq, u128::from(seq % 64));
+                seq += 1;
+            }
+            seq
+        })
+    };
+    // Let the queue build up, then poll while the flood goes on.
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let handled = sub.poll(0).unwrap();
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    println!("{handled} handled in {took:?}; {sent} sent");
+    assert!(handled <= kvslice_events::MAX_POLL_MESSAGES, "{handled}");
+    assert!(handled > 0);
+    assert!(took < Duration::from_secs(5), "poll held for {took:?}");
+}

@@ -23,7 +23,9 @@
 
 mod ring;
 
-pub use ring::EventRing;
+#[cfg(feature = "testkit")]
+pub use ring::UnwrittenSlot;
+pub use ring::{EventRing, number_is_before};
 
 use crate::key::{BlockHash, SliceKey};
 

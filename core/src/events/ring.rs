@@ -43,6 +43,32 @@ struct DrainerSide {
     draining: AtomicBool,
 }
 
+/// A claimed ring position not written yet ([`EventRing::claim_unwritten`]).
+#[cfg(feature = "testkit")]
+#[derive(Debug)]
+pub struct UnwrittenSlot<'r> {
+    ring: &'r EventRing,
+    t: u64,
+}
+
+#[cfg(feature = "testkit")]
+impl UnwrittenSlot<'_> {
+    /// Writes `event` there, as the preempted producer finally does.
+    pub fn write(self, event: KvEvent) {
+        self.ring.write(self.t, event);
+    }
+}
+
+/// Event numbers wrap at 2^48.
+const NUMBER_MASK: u64 = (1 << 48) - 1;
+
+/// Whether event number `n` comes before `cut` (both from one ring, fewer
+/// than 2^47 apart), modulo 2^48.
+pub fn number_is_before(n: u64, cut: u64) -> bool {
+    let ahead = cut.wrapping_sub(n) & NUMBER_MASK;
+    ahead != 0 && ahead < 1 << 47
+}
+
 /// Events on their way from a store to whoever forwards them.
 ///
 /// ```
@@ -119,6 +145,17 @@ impl EventRing {
     /// producer took the position first, or when the tail it read was
     /// stale (drained since).
     pub fn push(&self, event: KvEvent) -> bool {
+        match self.claim() {
+            Some(t) => {
+                self.write(t, event);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Claims the next position, or counts a drop when the ring is full.
+    fn claim(&self) -> Option<u64> {
         let p = &self.producers;
         // Acquire on the tail, Release on claiming it: a producer that
         // reads a tail also sees every head its claimer had seen. A
@@ -138,22 +175,53 @@ impl EventRing {
             }
             if t - h > self.mask {
                 p.dropped.fetch_add(1, Ordering::Relaxed);
-                return false;
+                return None;
             }
             match p
                 .tail
                 .compare_exchange(t, t + 1, Ordering::Release, Ordering::Acquire)
             {
-                Ok(_) => break,
+                Ok(_) => return Some(t),
                 Err(now) => t = now,
             }
         }
+    }
+
+    /// Writes `event` into claimed position `t` and completes it.
+    fn write(&self, t: u64, event: KvEvent) {
         let slot = &self.slots[(t & self.mask) as usize];
         for (w, v) in slot.words.iter().zip(event.encode(t)) {
             w.store(v, Ordering::Relaxed);
         }
         slot.seq.store(t + 1, Ordering::Release);
-        true
+    }
+
+    /// Claims the next position without writing it, as a producer
+    /// preempted between its claim and its write leaves it (a drain stops
+    /// there until it is written); `None` when full. For tests of what
+    /// drains do meanwhile.
+    #[cfg(feature = "testkit")]
+    pub fn claim_unwritten(&self) -> Option<UnwrittenSlot<'_>> {
+        self.claim().map(|t| UnwrittenSlot { ring: self, t })
+    }
+
+    /// The number the next event pushed will have (below 2^48; events'
+    /// numbers rise by one from it, modulo 2^48). Every event numbered
+    /// below it was claimed before this call; see [`number_is_before`].
+    ///
+    /// ```
+    /// use kvslice_core::events::{EventRing, KvEvent, Medium, number_is_before};
+    ///
+    /// let ring = EventRing::new(8, Medium::Cpu);
+    /// ring.push(KvEvent::Cleared);
+    /// let cut = ring.next_number();
+    /// ring.push(KvEvent::Cleared);
+    /// let mut numbers = Vec::new();
+    /// ring.try_drain(&mut |n, _| numbers.push(number_is_before(n, cut)));
+    /// assert_eq!(numbers, [true, false]);
+    /// ```
+    pub fn next_number(&self) -> u64 {
+        self.producers.tail.load(Ordering::Acquire) & NUMBER_MASK
     }
 
     /// Events dropped because the ring was full.
