@@ -1,12 +1,16 @@
-//! A lock-free, ABA-safe stack of free pages, linked through the pages'
-//! own state words (see `state.rs`): a Free page's word holds the slot of
-//! the page below it.
+//! A lock-free stack of free pages, ABA-safe within a bound, linked
+//! through the pages' own state words (see `state.rs`): a Free page's word
+//! holds the slot of the page below it.
 //!
-//! The head word packs `(tag << 32) | slot`, where a slot is index + 1 and
-//! 0 is the empty stack. Every successful push or pop bumps the tag, so a
-//! thread that read `head = A, link(A) = B` and was delayed while `A` was
-//! popped, reused and pushed back cannot swing the head to the stale `B`:
-//! the tag differs.
+//! The head word packs `(tag << 30) | slot`, where a slot is index + 1
+//! (below 2^30, as pools have fewer pages) and 0 is the empty stack.
+//! Every successful push or pop bumps the 34-bit tag, so a thread that
+//! read `head = A, link(A) = B` and was delayed while `A` was popped,
+//! reused and pushed back cannot swing the head to the stale `B`: the tag
+//! differs. The bound: a thread stalled between its read of the head and
+//! its compare-and-swap for a whole multiple of 2^34 pushes and pops
+//! (minutes of nothing but allocation on every other core) with the same
+//! page back on top would see its stale read succeed.
 //!
 //! [`FreeList::pop_chain`] takes `n` pages in one CAS: it walks `n` links
 //! from the head and swings the head past them. If the head is unchanged at
@@ -44,12 +48,17 @@ impl Backoff {
 /// "No page": the empty stack, or the end of a chain.
 const NIL: u32 = 0;
 
-fn pack(tag: u32, slot: u32) -> u64 {
-    (u64::from(tag) << 32) | u64::from(slot)
+/// Bits of the head word that hold the slot.
+const SLOT_BITS: u32 = 30;
+
+fn pack(tag: u64, slot: u32) -> u64 {
+    debug_assert!(slot < 1 << SLOT_BITS);
+    (tag << SLOT_BITS) | u64::from(slot)
 }
 
-fn unpack(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
+/// The head's tag (34 bits) and slot.
+fn unpack(word: u64) -> (u64, u32) {
+    (word >> SLOT_BITS, (word & ((1 << SLOT_BITS) - 1)) as u32)
 }
 
 /// The stack's head. The links live in the pool's state words, passed to

@@ -14,7 +14,11 @@
 //!
 //! Every return to Free bumps the generation, so a [`PageHandle`] kept past
 //! its page's life is detected as stale instead of reaching someone else's
-//! data. Bytes are reachable only through guards: one [`PageMut`] writer
+//! data, for the next 2^32 − 1 lives of its page: the generation has 32
+//! bits, and a handle kept while its page is reused 2^32 times would name
+//! a later life again. (At a million reuses a second of one page, that is
+//! 72 minutes; a pool of a thousand pages serving a million blocks a
+//! second reuses each page about every millisecond: 50 days.) Bytes are reachable only through guards: one [`PageMut`] writer
 //! while Filling, any number of [`PageRef`] readers while Cached.
 //! No allocation happens after construction.
 
