@@ -74,6 +74,8 @@ pub struct Publisher {
     /// The ring's drop count when last seen.
     dropped: u64,
     resyncs: u64,
+    /// Whether a first pump sent the store's snapshot.
+    started: bool,
     /// After a resync: events numbered below this were in the ring, or
     /// being written to it, when the snapshot began; they are not sent.
     cut: Option<u64>,
@@ -130,6 +132,7 @@ impl Publisher {
             kept: VecDeque::new(),
             dropped: 0,
             resyncs: 0,
+            started: false,
             cut: None,
             subscribers: 0,
         })
@@ -150,7 +153,8 @@ impl Publisher {
         self.next_seq
     }
 
-    /// Times the ring had dropped events and a snapshot was sent.
+    /// Times the ring had dropped events and a snapshot was sent (the first
+    /// pump's snapshot not counted).
     pub fn resyncs(&self) -> u64 {
         self.resyncs
     }
@@ -172,11 +176,14 @@ impl Publisher {
     }
 
     /// Sends every event in `store`'s ring as batches and returns how many
-    /// were sent (none if it has no ring). If the ring dropped events since
-    /// the last call, consumers cannot know which, so the first batch is
-    /// `AllBlocksCleared` followed by the store's current blocks
-    /// ([`CacheStore::snapshot`]), then the ring's events: a consumer's
-    /// index is exact again once they apply. Call it from one thread.
+    /// were sent (none if it has no ring). On the first call, and whenever
+    /// the ring dropped events since the last call (consumers cannot know
+    /// which), the first batch is `AllBlocksCleared` followed by the
+    /// store's current blocks ([`CacheStore::snapshot`]), then the ring's
+    /// newer events: a consumer's index is exact once they apply, also
+    /// for a store that held blocks before this publisher existed (a
+    /// publisher restarted beside a running store). Call it from one
+    /// thread, for one store.
     pub fn pump<E: EvictionPolicy>(
         &mut self,
         store: &CacheStore<'_, E>,
@@ -186,9 +193,12 @@ impl Publisher {
         };
         let mut events = Vec::new();
         let dropped = ring.dropped();
-        if dropped != self.dropped {
+        if !self.started || dropped != self.dropped {
+            if self.started {
+                self.resyncs += 1;
+            }
+            self.started = true;
             self.dropped = dropped;
-            self.resyncs += 1;
             // Every event numbered below the cut was pushed, or claimed,
             // before the snapshot began: the snapshot already says it.
             // They are dropped, the ones a drain meets now and the ones

@@ -171,7 +171,10 @@ fn a_python_consumer_sees_what_the_store_holds() {
         "the early batches came from the replay"
     );
     assert!(report.live > 0, "the later batches arrived live");
-    assert_eq!(report.cleared, 2, "the clear and the resync");
+    assert_eq!(
+        report.cleared, 3,
+        "the first pump's, the clear and the resync"
+    );
     assert_eq!(
         report.vllm_schema_batches,
         last + 1,

@@ -537,6 +537,8 @@ fn a_replay_flood_cannot_hold_the_publisher() {
         ..PublisherConfig::default()
     })
     .unwrap();
+    // The first pump sends the (empty) store's snapshot.
+    assert_eq!(publisher.pump(&store).unwrap(), 1);
     // 2,000 kept batches of one event each: every reply is 2,001 messages.
     for _ in 0..2_000 {
         assert!(store.events().unwrap().push(KvEvent::Cleared));
@@ -687,4 +689,41 @@ fn a_flooding_worker_cannot_hold_poll() {
     assert!(handled <= kvslice_events::MAX_POLL_MESSAGES, "{handled}");
     assert!(handled > 0);
     assert!(took < Duration::from_secs(5), "poll held for {took:?}");
+}
+
+/// A publisher started beside a store that already holds blocks (one
+/// restarted while its worker ran on): its first pump sends what the
+/// store holds, so the router does not lose sight of it.
+#[test]
+fn a_new_publisher_sends_what_its_store_already_holds() {
+    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
+    let store = CacheStore::new(layout, 8, LruPolicy::new(8))
+        .unwrap()
+        .with_events(EventRing::new(64, Medium::Gpu));
+    let serve = |conv: u64| {
+        let (guard, req) = (store.pin(), store.begin_request());
+        let mut held = Vec::new();
+        serve_blocks(&store, &req, &[key(conv, 0)], 16, &guard, &mut held).unwrap();
+        drop(held);
+        store.end_request(req).unwrap();
+    };
+    // An earlier publisher forwarded these; it is gone.
+    for conv in 0..3 {
+        serve(conv);
+    }
+    store.events().unwrap().try_drain(&mut |_, _| {});
+    let mut publisher = Publisher::bind(PublisherConfig::default()).unwrap();
+    let mut sub = Subscriber::connect(&[source(&publisher)], 1_000).unwrap();
+    wait_for_subscriber(&mut publisher);
+    serve(3);
+    publisher.pump(&store).unwrap();
+    let target = publisher.next_seq();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sub.next_seq(0) < target {
+        assert!(Instant::now() < deadline, "{:?}", sub.stats());
+        sub.poll(20).unwrap();
+    }
+    let all: BTreeSet<BlockHash> = (0..4).map(|c| key(c, 0).block).collect();
+    assert_eq!(indexed(&sub, 0, &all), all);
+    assert_eq!(publisher.resyncs(), 0, "the first snapshot is no resync");
 }
