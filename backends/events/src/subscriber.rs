@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::index::PrefixIndex;
-use crate::sequence::{Live, Replayed, Sequence};
+use crate::sequence::{Live, RESTART_RUN, Replayed, Sequence};
 use crate::wire::{Batch, decode};
 
 /// One worker's publisher, as a subscriber reaches it.
@@ -36,8 +36,10 @@ pub struct SubscriberStats {
     pub malformed: u64,
     /// Events of kinds the decoder does not know: skipped.
     pub unknown_events: u64,
-    /// Batches whose sequence number was not above the last applied one:
-    /// dropped (duplicates, or a publisher that went backwards).
+    /// Live batches numbered below the newest one seen live: dropped as
+    /// duplicates (or a publisher that went backwards). A run of them that
+    /// turns out to be a restarted publisher's new stream is applied
+    /// instead, and uncounted.
     pub backwards: u64,
     /// Publishers taken to have restarted: [`RESTART_RUN`](crate::RESTART_RUN) batches in a
     /// row numbered one after another below what was seen before.
@@ -60,6 +62,10 @@ struct Worker {
     replay: Option<(zmq::Socket, String)>,
     /// Its batch numbers.
     seq: Sequence,
+    /// The decoded batches of the current run behind (at most
+    /// `RESTART_RUN - 1`): if the run turns out to be a restart, they are
+    /// the new stream's first batches, applied then instead of lost.
+    behind: Vec<(u64, Batch)>,
 }
 
 /// Subscribes to every worker's events and keeps a [`PrefixIndex`] of what
@@ -148,6 +154,7 @@ impl Subscriber {
                 sub,
                 replay,
                 seq: Sequence::default(),
+                behind: Vec::new(),
             });
         }
         Ok(Self {
@@ -301,19 +308,51 @@ impl Subscriber {
                 return Ok(());
             }
         };
-        let mut live = self.workers[w].seq.live(seq);
+        let live = self.workers[w].seq.live(seq);
         if live == Live::Restarted {
             self.stats.restarts += 1;
             self.problem(format!("worker {w}: restarted (batch {seq})"));
+            // The run that showed the restart began the new stream: offer
+            // its batches again, in order, then this one.
+            let run = std::mem::take(&mut self.workers[w].behind);
             self.forget_worker(w);
-            live = self.workers[w].seq.live(seq);
+            for (s, b) in run {
+                self.stats.backwards = self.stats.backwards.saturating_sub(1);
+                self.offer(w, s, b)?;
+            }
+            return self.offer(w, seq, batch);
         }
+        self.settle(w, seq, batch, live)
+    }
+
+    /// Offers live batch `seq` of `w` to its numbers, as [`Self::handle`]
+    /// does, after a restart.
+    fn offer(&mut self, w: usize, seq: u64, batch: Batch) -> Result<(), zmq::Error> {
+        let live = self.workers[w].seq.live(seq);
+        self.settle(w, seq, batch, live)
+    }
+
+    /// Does what `live` says with batch `seq` of `w`.
+    fn settle(&mut self, w: usize, seq: u64, batch: Batch, live: Live) -> Result<(), zmq::Error> {
+        let behind = &mut self.workers[w].behind;
         match live {
             Live::Behind { last } => {
+                // Kept while they run on one past another, the newest last.
+                if behind
+                    .last()
+                    .is_some_and(|&(s, _)| s.wrapping_add(1) != seq)
+                {
+                    behind.clear();
+                }
+                if behind.len() + 1 >= RESTART_RUN as usize {
+                    behind.remove(0);
+                }
+                behind.push((seq, batch));
                 self.stats.backwards += 1;
                 self.problem(format!("worker {w}: batch {seq} after {last}"));
             }
             Live::Gap { .. } => {
+                behind.clear();
                 self.stats.gaps += 1;
                 self.fill(w, seq)?;
                 // The replay may have brought this batch already.
@@ -321,8 +360,11 @@ impl Subscriber {
                     self.apply(w, seq, batch);
                 }
             }
-            Live::Next => self.apply(w, seq, batch),
-            Live::Done | Live::Restarted => {}
+            Live::Next => {
+                behind.clear();
+                self.apply(w, seq, batch);
+            }
+            Live::Done | Live::Restarted => behind.clear(),
         }
         Ok(())
     }
