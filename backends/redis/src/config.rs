@@ -56,6 +56,8 @@ pub const MAX_SPILL_QUEUE: usize = 1 << 20;
 pub const MAX_SPILL_THREADS: usize = 64;
 /// The most keys per fetch round trip.
 pub const MAX_FETCH_BATCH: usize = 4096;
+/// The longest [`TierConfig::max_backoff`]: an hour.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// The longest TTL: 100 years (Redis refuses expiry times that overflow).
 pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
 
@@ -65,13 +67,15 @@ pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// use kvslice_redis::redact;
 /// assert_eq!(redact("redis://app:s3cret@10.0.0.1:7000"), "redis://***@10.0.0.1:7000");
 /// assert_eq!(redact("redis://10.0.0.1:7000"), "redis://10.0.0.1:7000");
+/// assert_eq!(redact("redis://app:pa/ss@10.0.0.1"), "redis://***@10.0.0.1");
 /// ```
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    // The last `@`, wherever it is: a password may hold `/` or `@` (a
+    // host never holds `@`), and one cut at the first `/` would show.
+    match rest.rfind('@') {
         Some(at) => format!("{scheme}://***{}", &rest[at..]),
         None => url.to_string(),
     }
@@ -217,9 +221,13 @@ impl TierConfig {
                 MAX_TTL.as_secs() / 86_400
             )));
         }
-        if self.min_backoff.is_zero() || self.min_backoff > self.max_backoff {
+        if self.min_backoff.is_zero()
+            || self.min_backoff > self.max_backoff
+            || self.max_backoff > MAX_BACKOFF
+        {
             return Err(TierError::Url(
-                "min_backoff must be above zero and at most max_backoff".into(),
+                "min_backoff must be above zero and at most max_backoff, which is at most an hour"
+                    .into(),
             ));
         }
         if self.namespace.is_empty() || self.namespace.contains(char::is_whitespace) {

@@ -49,8 +49,8 @@ pub mod fuzzing;
 
 #[cfg(feature = "client")]
 pub use config::{
-    LOOPBACK_CLUSTER, MAX_FETCH_BATCH, MAX_SPILL_QUEUE, MAX_SPILL_THREADS, MAX_TTL, TierConfig,
-    TierError, default_urls, redact,
+    LOOPBACK_CLUSTER, MAX_BACKOFF, MAX_FETCH_BATCH, MAX_SPILL_QUEUE, MAX_SPILL_THREADS, MAX_TTL,
+    TierConfig, TierError, default_urls, redact,
 };
 #[cfg(feature = "client")]
 pub use stats::TierStats;

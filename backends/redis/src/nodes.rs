@@ -63,13 +63,16 @@ impl Health {
             .is_some_and(|&(until, _)| Instant::now() < until)
     }
 
+    /// Starts or lengthens `node`'s backoff; failures seen while it is
+    /// already backing off (other fetchers' probes of the same node) do
+    /// not lengthen it again.
     fn failed(&self, node: &str, cfg: &TierConfig) {
         let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = down.entry(node.to_string()).or_insert((Instant::now(), 0));
-        *entry = (
-            Instant::now() + backoff(cfg, entry.1),
-            entry.1.saturating_add(1),
-        );
+        let now = Instant::now();
+        let entry = down.entry(node.to_string()).or_insert((now, 0));
+        if entry.0 <= now {
+            *entry = (now + backoff(cfg, entry.1), entry.1.saturating_add(1));
+        }
     }
 
     fn answered(&self, node: &str) {
@@ -86,6 +89,9 @@ struct Node {
     /// `host:port`, its name in [`Health`].
     name: String,
     con: Option<redis::Connection>,
+    /// Whether this batch went out on a connection an earlier batch used
+    /// (which the server or the network may have closed while it idled).
+    reused: bool,
     /// This batch's commands for the node, packed.
     buf: Vec<u8>,
     /// Which of the batch's items they are, in order.
@@ -133,6 +139,13 @@ pub(crate) struct Nodes {
     owner: Vec<u16>,
     /// The slot map needs reading again before the next batch.
     stale: bool,
+    /// A `MOVED` reply said the map is stale: read it before the next
+    /// batch, whenever it was last read.
+    moved: bool,
+    /// When the map was last read: a stale map (a `CLUSTERDOWN`, a slot
+    /// no node owns, a failed node) is read again at most once per
+    /// `min_backoff`, not before every batch while the cluster is down.
+    refreshed: Option<Instant>,
     key: String,
 }
 
@@ -154,6 +167,8 @@ impl Nodes {
             nodes: Vec::new(),
             owner: Vec::new(),
             stale: true,
+            moved: false,
+            refreshed: None,
             key: String::new(),
         }
     }
@@ -185,7 +200,7 @@ impl Nodes {
         ttl_ms: Option<u64>,
         done: &mut dyn FnMut(usize, Outcome),
     ) -> Result<(), NoMap> {
-        if self.stale && self.refresh(cfg).is_err() {
+        if self.ensure_map(cfg, health).is_err() {
             (0..items.len()).for_each(|i| done(i, Outcome::Failed));
             return Err(NoMap);
         }
@@ -223,9 +238,7 @@ impl Nodes {
         health: &Health,
         keys: &[String],
     ) -> Result<Vec<Got>, NoMap> {
-        if self.stale && self.refresh(cfg).is_err() {
-            return Err(NoMap);
-        }
+        self.ensure_map(cfg, health)?;
         let mut got: Vec<Got> = keys.iter().map(|_| Got::Skipped).collect();
         for (i, key) in keys.iter().enumerate() {
             let Some(node) = self.route(key) else {
@@ -252,7 +265,7 @@ impl Nodes {
 
     /// Deletes `key` (a value that is not what it claims), best effort.
     pub(crate) fn delete(&mut self, cfg: &TierConfig, health: &Health, key: &str) {
-        if self.stale && self.refresh(cfg).is_err() {
+        if self.ensure_map(cfg, health).is_err() {
             return;
         }
         let Some(node) = self.route(key) else { return };
@@ -286,16 +299,36 @@ impl Nodes {
         }
         for node in &mut self.nodes {
             let mut answered = false;
-            for n in 0..node.items.len() {
-                match node.con.as_mut().map(|c| c.recv_response()) {
+            let mut n = 0;
+            while n < node.items.len() {
+                let got = node.con.as_mut().map(|c| c.recv_response());
+                // A reused connection closed while it idled fails at its
+                // first reply: the batch goes again on a new one (GET, SET
+                // and DEL may repeat). A timeout is the node's own fault.
+                if n == 0 && node.reused && matches!(&got, Some(Err(e)) if !e.is_timeout()) {
+                    if node.send(cfg).is_ok() {
+                        node.reused = false;
+                        continue;
+                    }
+                    node.fail(health, cfg, reply);
+                    failed = true;
+                    break;
+                }
+                match got {
                     Some(Ok(v)) => {
-                        if let Value::ServerError(e) = &v
-                            && matches!(e.code(), "MOVED" | "CLUSTERDOWN" | "TRYAGAIN")
-                        {
-                            self.stale = true;
+                        if let Value::ServerError(e) = &v {
+                            match e.code() {
+                                "MOVED" => {
+                                    self.stale = true;
+                                    self.moved = true;
+                                }
+                                "CLUSTERDOWN" | "TRYAGAIN" => self.stale = true,
+                                _ => {}
+                            }
                         }
                         answered = true;
                         reply(node.items[n], Ok(v));
+                        n += 1;
                     }
                     // Failed while reading: what is left is unknown.
                     Some(Err(_)) => {
@@ -321,12 +354,38 @@ impl Nodes {
         }
     }
 
+    /// Reads the slot map again if it is stale and due (see `refreshed`);
+    /// `Err` when there is none to use.
+    fn ensure_map(&mut self, cfg: &TierConfig, health: &Health) -> Result<(), NoMap> {
+        let due = self.nodes.is_empty()
+            || self.moved
+            || self
+                .refreshed
+                .is_none_or(|t| t.elapsed() >= cfg.min_backoff);
+        if self.stale && due {
+            self.refreshed = Some(Instant::now());
+            self.moved = false;
+            self.refresh(cfg, health).map_err(|_| NoMap)?;
+        }
+        match self.nodes.is_empty() {
+            true => Err(NoMap),
+            false => Ok(()),
+        }
+    }
+
     /// Reads the slot map (`CLUSTER SLOTS`) from the first URL that
-    /// answers, keeping the connections of nodes that stay.
-    fn refresh(&mut self, cfg: &TierConfig) -> redis::RedisResult<()> {
+    /// answers, those not backing off first, keeping the connections of
+    /// nodes that stay.
+    fn refresh(&mut self, cfg: &TierConfig, health: &Health) -> redis::RedisResult<()> {
         let mut last = None;
-        for url in &cfg.urls {
-            let client = redis::Client::open(url.as_str())?;
+        let mut seeds = cfg
+            .urls
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()))
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let name = |c: &redis::Client| c.get_connection_info().addr().to_string();
+        seeds.sort_by_key(|c| health.is_down(&name(c)));
+        for client in seeds {
             if !self.cluster {
                 self.nodes = vec![Node::new(client.get_connection_info().clone())];
                 self.stale = false;
@@ -340,11 +399,15 @@ impl Nodes {
                 });
             match answer {
                 Ok(map) => {
+                    health.answered(&name(&client));
                     self.apply(client.get_connection_info(), &map);
                     self.stale = false;
                     return Ok(());
                 }
-                Err(e) => last = Some(e),
+                Err(e) => {
+                    health.failed(&name(&client), cfg);
+                    last = Some(e);
+                }
             }
         }
         Err(last.unwrap_or_else(|| {
@@ -470,25 +533,30 @@ impl Node {
             name: info.addr().to_string(),
             info,
             con: None,
+            reused: false,
             buf: Vec::new(),
             items: Vec::new(),
         }
     }
 
     /// Sends the packed batch, connecting first if need be; the answers
-    /// are read later.
+    /// are read later. A connection an earlier batch used that fails to
+    /// send is replaced once.
     fn send(&mut self, cfg: &TierConfig) -> redis::RedisResult<()> {
-        let con = match &mut self.con {
-            Some(con) => con,
-            None => {
-                let client = redis::Client::open(self.info.clone())?;
-                let con = client.get_connection_with_timeout(cfg.connect_timeout)?;
-                con.set_read_timeout(Some(cfg.io_timeout))?;
-                con.set_write_timeout(Some(cfg.io_timeout))?;
-                self.con.insert(con)
+        self.reused = self.con.is_some();
+        if self.reused {
+            let sent = self.con.as_mut().map(|c| c.send_packed_command(&self.buf));
+            if let Some(Ok(())) = sent {
+                return Ok(());
             }
-        };
-        con.send_packed_command(&self.buf)
+            self.reused = false;
+        }
+        self.con = None;
+        let client = redis::Client::open(self.info.clone())?;
+        let con = client.get_connection_with_timeout(cfg.connect_timeout)?;
+        con.set_read_timeout(Some(cfg.io_timeout))?;
+        con.set_write_timeout(Some(cfg.io_timeout))?;
+        self.con.insert(con).send_packed_command(&self.buf)
     }
 
     /// Drops the connection, whose state is unknown, reports the node's

@@ -236,6 +236,8 @@ impl RedisTier {
                 s.failed();
                 break;
             };
+            // A slot map was read or kept: the tier answers.
+            s.failures.store(0, Relaxed);
             let bytes_in: usize = replies
                 .iter()
                 .map(|g| match g {

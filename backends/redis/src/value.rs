@@ -164,11 +164,6 @@ pub fn decode<'v>(
         return Err(ValueError::Format);
     }
     let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-    let theirs: [u32; 9] = core::array::from_fn(|i| word(8 + 4 * i));
-    let ours = layout.fingerprint_words();
-    if theirs != ours {
-        return Err(ValueError::Layout { ours, theirs });
-    }
     let block = BlockHash(u128::from_le_bytes(
         bytes[44..60].try_into().expect("16 bytes"),
     ));
@@ -189,6 +184,13 @@ pub fn decode<'v>(
     let payload = &bytes[HEADER_BYTES..];
     if crc32c::crc32c_append(crc32c::crc32c(&bytes[..80]), payload) != word(80) {
         return Err(ValueError::Checksum);
+    }
+    // After the checksum: a corrupted fingerprint is damage (and deleted),
+    // an intact one of another layout some writer's data (and kept).
+    let theirs: [u32; 9] = core::array::from_fn(|i| word(8 + 4 * i));
+    let ours = layout.fingerprint_words();
+    if theirs != ours {
+        return Err(ValueError::Layout { ours, theirs });
     }
     if named != *key {
         return Err(ValueError::Key);
@@ -251,6 +253,11 @@ mod tests {
             decode(&dim_major, &key, &v),
             Err(ValueError::Layout { .. })
         ));
+        // A fingerprint byte flipped in transit or at rest is damage, not
+        // another layout's value.
+        let mut bad = v.clone();
+        bad[20] ^= 1;
+        assert_eq!(decode(&layout, &key, &bad), Err(ValueError::Checksum));
     }
 
     #[test]

@@ -43,6 +43,8 @@ fn settings_that_cannot_work_are_refused_before_connecting() {
     no_backoff.min_backoff = Duration::ZERO;
     let mut inverted = base();
     inverted.min_backoff = inverted.max_backoff * 2;
+    let mut endless = base();
+    endless.max_backoff = Duration::MAX;
     for (cfg, what) in [
         (base().ttl(Some(Duration::MAX)), "ttl"),
         (base().ttl(Some(Duration::from_micros(10))), "ttl"),
@@ -50,6 +52,7 @@ fn settings_that_cannot_work_are_refused_before_connecting() {
         (base().spill_threads(1 << 40), "spill_threads"),
         (no_backoff, "min_backoff"),
         (inverted, "min_backoff"),
+        (endless, "max_backoff"),
     ] {
         let e = open(cfg);
         assert!(
@@ -73,6 +76,9 @@ fn passwords_stay_out_of_messages() {
     assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
     let e = open(TierConfig::new(&format!("http://app:{secret}@127.0.0.1:1")));
     assert!(!e.to_string().contains(secret), "{e}");
+    // A password with a `/` in it, which ends no authority.
+    let e = open(TierConfig::new("redis://app:pa/ss-pw@127.0.0.1:1"));
+    assert!(!e.to_string().contains("ss-pw"), "{e}");
 }
 
 #[test]

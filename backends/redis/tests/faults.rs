@@ -510,3 +510,103 @@ fn a_hung_node_costs_its_own_keys_and_no_lookup_waits_on_it() {
         tier.stats()
     );
 }
+
+/// A node restarted while the tier's connections to it idled: the first
+/// batch on each such connection finds it closed, and goes again on a new
+/// one instead of counting the node failed. Spills and fetches right after
+/// the restart land and come back whole, with nothing lost or skipped.
+#[test]
+fn connections_a_restart_closed_are_replaced_not_counted_failed() {
+    let Some(cluster) = common::OwnServers::start("faults-restart", &["--port", "7260"]) else {
+        return;
+    };
+    let cfg = TierConfig::new(&cluster.urls)
+        .namespace("restart")
+        .timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let tier = RedisTier::open(layout(), cfg).unwrap();
+    // Every writer and the fetchers' pool hold a connection to every node.
+    for c in 0..20 {
+        spill_chain(&tier, c);
+    }
+    assert!(tier.flush(Duration::from_secs(10)));
+    for c in 0..20 {
+        assert_eq!(fetch_chain(&tier, c).0, 8, "chain {c}");
+    }
+    cluster.run(&["kill", "1"]);
+    cluster.run(&["restart", "1"]);
+    let before = tier.stats();
+    for c in 100..110 {
+        spill_chain(&tier, c);
+    }
+    assert!(tier.flush(Duration::from_secs(10)));
+    for c in 100..110 {
+        assert_eq!(fetch_chain(&tier, c).0, 8, "chain {c}: {:?}", tier.stats());
+    }
+    let after = tier.stats();
+    println!("after the restart: {after:?}");
+    assert_eq!(
+        after.spilled_blocks - before.spilled_blocks,
+        80,
+        "{after:?}"
+    );
+    assert_eq!(
+        (
+            after.spill_failed - before.spill_failed,
+            after.fetch_errors - before.fetch_errors,
+            after.skipped_while_down - before.skipped_while_down
+        ),
+        (0, 0, 0),
+        "{after:?}"
+    );
+}
+
+/// A slot no node serves (dropped from the map here with `CLUSTER
+/// DELSLOTS`) makes the map stale on every fetch that routes a key there;
+/// the map is read again at most once per `min_backoff`, not with a new
+/// connection to the seed on every lookup.
+#[test]
+fn an_unserved_slot_does_not_reread_the_map_on_every_lookup() {
+    let Some(cluster) = common::OwnServers::start("faults-unserved", &["--port", "7270"]) else {
+        return;
+    };
+    let mut cfg = TierConfig::new(&cluster.urls).namespace("unserved");
+    cfg.min_backoff = Duration::from_secs(5);
+    cfg.max_backoff = Duration::from_secs(5);
+    let tier = RedisTier::open(layout(), cfg).unwrap();
+    // A chain whose first block the seed (port 7270) serves.
+    let c = (0..)
+        .find(|&c| owner_port(&cluster, 7270, &tier.redis_key(&key(c, 0))) == 7270)
+        .unwrap();
+    spill_chain(&tier, c);
+    assert!(tier.flush(Duration::from_secs(10)));
+    assert_eq!(fetch_chain(&tier, c).0, 8);
+    let slot = cluster
+        .cli(7270, &["cluster", "keyslot", &tier.redis_key(&key(c, 0))])
+        .trim()
+        .to_string();
+    assert_eq!(
+        cluster.cli(7270, &["cluster", "delslots", &slot]).trim(),
+        "OK"
+    );
+    let connections = || -> u64 {
+        let info = cluster.cli(7270, &["info", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = connections();
+    for _ in 0..50 {
+        assert_eq!(
+            fetch_chain(&tier, c).0,
+            0,
+            "its first block's slot is unserved"
+        );
+    }
+    // Each `connections()` call is one redis-cli connection itself.
+    let made = connections() - before - 1;
+    println!("50 lookups of an unserved slot: {made} connections to the seed");
+    assert!(made <= 3, "{made} new connections for 50 lookups");
+}
