@@ -325,7 +325,9 @@ typedef struct KvsEventStats {
   uint64_t capacity;
   // The number the next event will have (below 2^48). Read it just
   // before `kvs_events_snapshot`: drained events numbered below it
-  // happened before the snapshot, which already says them.
+  // happened before the snapshot, which already says them. Numbers wrap
+  // at 2^48: event `n` is below `next_number` when
+  // `(next_number - n) mod 2^48` is between 1 and 2^47.
   uint64_t next_number;
 } KvsEventStats;
 

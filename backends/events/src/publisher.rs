@@ -60,10 +60,11 @@ pub const MAX_REPLAY_REQUESTS: usize = 16;
 ///
 /// Each message is three frames: the topic, the batch's sequence number
 /// (8 bytes, big-endian; numbers rise by one per batch), and the msgpack
-/// batch ([`crate::wire`]). A replay request is one frame, the first
-/// wanted sequence number (8 bytes, big-endian); the reply is one
-/// `[sequence, batch]` message per kept batch from there, then
-/// `[-1 as 8 bytes, empty]` (vLLM's replay protocol).
+/// batch ([`crate::wire`]). A replay request is an empty delimiter frame
+/// and the first wanted sequence number (8 bytes, big-endian), as vLLM's
+/// replay socket takes it; the reply is one `["", sequence, batch]`
+/// message per kept batch from there, then `["", -1 as 8 bytes, empty]`.
+/// (A request without the delimiter is answered without it.)
 pub struct Publisher {
     config: PublisherConfig,
     _ctx: zmq::Context,
@@ -272,8 +273,8 @@ impl Publisher {
     /// only those waiting now), then answers those already queued, at most
     /// [`MAX_REPLAY_REQUESTS`] in one call, so a peer that floods requests
     /// cannot hold the caller; returns how many were answered. A request
-    /// that is not one 8-byte frame after the peer's identity gets the end
-    /// marker only. A peer whose pipe is full (it asked before and has not
+    /// whose last frame (after the peer's identity and any empty
+    /// delimiters) is not 8 bytes gets the end marker only. A peer whose pipe is full (it asked before and has not
     /// read) or that is gone gets the rest of that reply dropped; a
     /// [`Subscriber`](crate::Subscriber) then times out and asks again.
     pub fn serve_replay(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {

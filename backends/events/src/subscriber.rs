@@ -37,9 +37,9 @@ pub struct SubscriberStats {
     /// Events of kinds the decoder does not know: skipped.
     pub unknown_events: u64,
     /// Live batches numbered below the newest one seen live: dropped as
-    /// duplicates (or a publisher that went backwards). A run of them that
-    /// turns out to be a restarted publisher's new stream is applied
-    /// instead, and uncounted.
+    /// duplicates (or a publisher that went backwards), except a run of
+    /// them that turns out to be a restarted publisher's new stream, which
+    /// is applied then (and still counted here).
     pub backwards: u64,
     /// Publishers taken to have restarted: [`RESTART_RUN`](crate::RESTART_RUN) batches in a
     /// row numbered one after another below what was seen before.
@@ -317,7 +317,6 @@ impl Subscriber {
             let run = std::mem::take(&mut self.workers[w].behind);
             self.forget_worker(w);
             for (s, b) in run {
-                self.stats.backwards = self.stats.backwards.saturating_sub(1);
                 self.offer(w, s, b)?;
             }
             return self.offer(w, seq, batch);
