@@ -25,6 +25,28 @@ pub(super) struct Node {
     /// Under loom, a tracked allocation: a node never freed fails the model.
     #[cfg(kvslice_loom)]
     pub(super) _track: loom::alloc::Track<()>,
+    /// Under loom, the node's life as a cell: every dereference reads it
+    /// and the drop writes it, so a node freed while a reader could still
+    /// reach it (a reclamation that does not wait for pinned readers) is a
+    /// causality violation that fails the model.
+    #[cfg(kvslice_loom)]
+    life: Life,
+}
+
+/// A node's life under loom (see `Node::life`).
+#[cfg(kvslice_loom)]
+struct Life(loom::cell::UnsafeCell<()>);
+
+// SAFETY: nothing is ever read or written through the cell: its `with`
+// and `with_mut` only record accesses, for loom to order.
+#[cfg(kvslice_loom)]
+unsafe impl Sync for Life {}
+
+#[cfg(kvslice_loom)]
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.life.0.with_mut(|_| ());
+    }
 }
 
 // The head link's tag holds a two-bit slot state.
@@ -38,6 +60,8 @@ impl Node {
             next: Atomic::null(),
             #[cfg(kvslice_loom)]
             _track: loom::alloc::Track::new(()),
+            #[cfg(kvslice_loom)]
+            life: Life(loom::cell::UnsafeCell::new(())),
         }
     }
 }
@@ -51,7 +75,12 @@ impl Node {
 /// guard goes.
 pub(super) unsafe fn deref<'g>(ptr: Shared<'g, Node>, _guard: &'g Guard) -> Option<&'g Node> {
     // SAFETY: see the function's contract.
-    unsafe { ptr.as_ref() }
+    let node = unsafe { ptr.as_ref() };
+    #[cfg(kvslice_loom)]
+    if let Some(n) = node {
+        n.life.0.with(|_| ());
+    }
+    node
 }
 
 /// Where [`find`] stopped: the link that points at `curr`, the tagged value
