@@ -196,6 +196,11 @@ impl TierConfig {
                     "{shown}: the scheme must be redis://"
                 )));
             }
+            // Every URL, not only the first that answers: a later one is a
+            // seed the slot map may be read from.
+            if let Err(e) = redis::Client::open(url.as_str()) {
+                return Err(TierError::Url(format!("{shown}: {e}")));
+            }
         }
         let within = |what: &str, n: usize, max: usize| {
             if (1..=max).contains(&n) {

@@ -306,6 +306,10 @@ impl Nodes {
                 // first reply: the batch goes again on a new one (GET, SET
                 // and DEL may repeat). A timeout is the node's own fault.
                 if n == 0 && node.reused && matches!(&got, Some(Err(e)) if !e.is_timeout()) {
+                    // On a new connection: the failed one may still be
+                    // open, with a reply owed that would answer the wrong
+                    // command.
+                    node.con = None;
                     if node.send(cfg).is_ok() {
                         node.reused = false;
                         continue;
@@ -367,10 +371,13 @@ impl Nodes {
             self.moved = false;
             self.refresh(cfg, health).map_err(|_| NoMap)?;
         }
-        match self.nodes.is_empty() {
-            true => Err(NoMap),
-            false => Ok(()),
+        if self.nodes.is_empty() {
+            // A map that named no node (a cluster still forming): read it
+            // again when due.
+            self.stale = true;
+            return Err(NoMap);
         }
+        Ok(())
     }
 
     /// Reads the slot map (`CLUSTER SLOTS`) from the first URL that
@@ -378,11 +385,18 @@ impl Nodes {
     /// nodes that stay.
     fn refresh(&mut self, cfg: &TierConfig, health: &Health) -> redis::RedisResult<()> {
         let mut last = None;
-        let mut seeds = cfg
+        // A URL that does not parse is skipped, not the end of every read.
+        let mut seeds: Vec<redis::Client> = cfg
             .urls
             .iter()
-            .map(|url| redis::Client::open(url.as_str()))
-            .collect::<redis::RedisResult<Vec<_>>>()?;
+            .filter_map(|url| match redis::Client::open(url.as_str()) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    last = Some(e);
+                    None
+                }
+            })
+            .collect();
         let name = |c: &redis::Client| c.get_connection_info().addr().to_string();
         seeds.sort_by_key(|c| health.is_down(&name(c)));
         for client in seeds {
@@ -399,7 +413,8 @@ impl Nodes {
                 });
             match answer {
                 Ok(map) => {
-                    health.answered(&name(&client));
+                    // Not `health.answered`: a node that answers this small
+                    // read may still be failing its data (its backoff runs).
                     self.apply(client.get_connection_info(), &map);
                     self.stale = false;
                     return Ok(());
@@ -545,9 +560,12 @@ impl Node {
     fn send(&mut self, cfg: &TierConfig) -> redis::RedisResult<()> {
         self.reused = self.con.is_some();
         if self.reused {
-            let sent = self.con.as_mut().map(|c| c.send_packed_command(&self.buf));
-            if let Some(Ok(())) = sent {
-                return Ok(());
+            match self.con.as_mut().map(|c| c.send_packed_command(&self.buf)) {
+                Some(Ok(())) => return Ok(()),
+                // A node too slow to take the batch is no closed
+                // connection: the wait is not paid twice.
+                Some(Err(e)) if e.is_timeout() => return Err(e),
+                _ => {}
             }
             self.reused = false;
         }

@@ -236,8 +236,14 @@ impl RedisTier {
                 s.failed();
                 break;
             };
-            // A slot map was read or kept: the tier answers.
-            s.failures.store(0, Relaxed);
+            // A node answered: the tier is up (a map kept while every node
+            // backs off, all keys skipped, says nothing).
+            if replies
+                .iter()
+                .any(|g| !matches!(g, Got::Skipped | Got::Failed))
+            {
+                s.failures.store(0, Relaxed);
+            }
             let bytes_in: usize = replies
                 .iter()
                 .map(|g| match g {

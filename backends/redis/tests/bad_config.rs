@@ -27,6 +27,12 @@ fn settings_that_cannot_work_are_refused_before_connecting() {
         ("http://127.0.0.1:7100", "wrong scheme"),
         ("rediss://127.0.0.1:7100", "TLS"),
         ("127.0.0.1:7100", "no scheme"),
+        // A later seed that does not parse: refused now, not skipped at
+        // every read of the slot map.
+        (
+            "redis://127.0.0.1:7100,redis://127.0.0.1:70000",
+            "a later URL's port",
+        ),
     ] {
         let e = open(TierConfig::new(urls));
         assert!(matches!(e, TierError::Url(_)), "{what}: {e}");
