@@ -75,6 +75,17 @@ impl Health {
         }
     }
 
+    /// Whether each of `nodes` is backing off now: one look at the table
+    /// per batch, not one per key.
+    fn down_now(&self, nodes: &[Node]) -> Vec<bool> {
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        nodes
+            .iter()
+            .map(|n| down.get(&n.name).is_some_and(|&(until, _)| now < until))
+            .collect()
+    }
+
     fn answered(&self, node: &str) {
         let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
         if !down.is_empty() {
@@ -204,16 +215,17 @@ impl Nodes {
             (0..items.len()).for_each(|i| done(i, Outcome::Failed));
             return Err(NoMap);
         }
+        let down = health.down_now(&self.nodes);
         for (i, item) in items.iter().enumerate() {
             let Some(node) = self.route(item.key) else {
                 done(i, Outcome::Unrouted);
                 continue;
             };
-            let node = &mut self.nodes[node];
-            if health.is_down(&node.name) {
+            if down[node] {
                 done(i, Outcome::Failed);
                 continue;
             }
+            let node = &mut self.nodes[node];
             pack_set(&mut node.buf, &mut self.key, item, ttl_ms);
             node.items.push(i);
         }
@@ -240,14 +252,15 @@ impl Nodes {
     ) -> Result<Vec<Got>, NoMap> {
         self.ensure_map(cfg, health)?;
         let mut got: Vec<Got> = keys.iter().map(|_| Got::Skipped).collect();
+        let down = health.down_now(&self.nodes);
         for (i, key) in keys.iter().enumerate() {
             let Some(node) = self.route(key) else {
                 continue;
             };
-            let node = &mut self.nodes[node];
-            if health.is_down(&node.name) {
+            if down[node] {
                 continue;
             }
+            let node = &mut self.nodes[node];
             pack(&mut node.buf, &mut self.key, &[b"GET", key.as_bytes()]);
             node.items.push(i);
         }
