@@ -36,6 +36,32 @@ pub(crate) fn spin_hint() {
     core::hint::spin_loop();
 }
 
+/// Asks the CPU to bring `value`'s cache line in, so that a batch of
+/// independent random reads can overlap their misses before the loop that
+/// uses them. A hint only: nothing on targets without one, or under Miri
+/// and loom.
+#[inline]
+pub(crate) fn prefetch<T>(value: &T) {
+    prefetch_address(core::ptr::from_ref(value).addr());
+}
+
+/// [`prefetch`] by address, for a line another thread may be writing
+/// under a lock this one does not hold: nothing is read, so the address
+/// need not be a live reference, or valid at all.
+#[inline]
+pub(crate) fn prefetch_address(address: usize) {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(kvslice_loom)))]
+    // SAFETY: `prefetcht0` needs SSE, which every x86-64 CPU has; it is a
+    // hint that neither faults (at any address) nor reads or writes memory
+    // as far as the program can tell.
+    unsafe {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(core::ptr::without_provenance::<i8>(address));
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri), not(kvslice_loom))))]
+    let _ = address;
+}
+
 /// A test-and-test-and-set lock. Only for short critical sections.
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use super::{Access, EvictPass, EvictionPolicy, PageEvent};
 use crate::page::PageId;
-use crate::sync::SpinLock;
+use crate::sync::{SpinLock, prefetch, prefetch_address};
 
 /// Turn classes: how many turns the block's conversation has had (1 to
 /// 8+).
@@ -122,6 +122,10 @@ const OPEN: usize = 64;
 pub struct DensityPolicy {
     capacity: u32,
     state: SpinLock<State>,
+    /// The ghost's address and length, for [`EvictionPolicy::prefetch`]
+    /// without the lock (the table is never reallocated).
+    ghost_at: usize,
+    ghost_len: usize,
 }
 
 /// A request in flight.
@@ -267,12 +271,17 @@ impl DensityPolicy {
         }
         // Before anything is learned: younger is denser (LRU order).
         let prior: [u32; BINS] = core::array::from_fn(|b| (1.0 / (b + 1) as f32).to_bits());
+        let ghost_len = ghost;
+        let ghost = vec![0u64; ghost_len];
         Self {
             capacity,
+            // Moving the vector into the state keeps its buffer in place.
+            ghost_at: ghost.as_ptr().addr(),
+            ghost_len,
             state: SpinLock::new(State {
                 pages: vec![Page::default(); n],
                 leaves: Vec::with_capacity(n),
-                ghost: vec![0; ghost],
+                ghost,
                 clock: 1,
                 open: (0..OPEN).map(|_| Open::default()).collect(),
                 returns: vec![[0.0; BINS]; CLASSES],
@@ -310,6 +319,22 @@ fn class(turns: u8, partial: bool) -> usize {
 impl State {
     fn ghost_slot(&self, fingerprint: u64) -> usize {
         super::ghost_slot(fingerprint, self.ghost.len())
+    }
+
+    /// Warms what applying `access` will read: the key's ghost slot and,
+    /// for a hit, its page's record.
+    fn prefetch(&self, access: &Access) {
+        let fingerprint = match access {
+            Access::Hit(e) => {
+                if let Some(page) = self.pages.get(e.page.0 as usize) {
+                    prefetch(page);
+                }
+                e.fingerprint
+            }
+            Access::Miss { fingerprint, .. } => *fingerprint,
+            Access::End { .. } => return,
+        };
+        prefetch(&self.ghost[self.ghost_slot(fingerprint)]);
     }
 
     /// The ghost's `(requests since the last use, turns, partial)` for a
@@ -367,6 +392,10 @@ impl State {
         o.ended = true;
         let (serial, turns) = (o.serial, o.current.max(o.missed).saturating_add(1));
         let pages = core::mem::take(&mut o.pages);
+        for &(p, fingerprint) in &pages {
+            prefetch(&self.pages[p as usize]);
+            prefetch(&self.ghost[self.ghost_slot(fingerprint)]);
+        }
         for &(p, fingerprint) in &pages {
             let page = &mut self.pages[p as usize];
             if !page.live || page.fingerprint != fingerprint {
@@ -541,6 +570,11 @@ impl EvictionPolicy for DensityPolicy {
         }
     }
 
+    fn prefetch(&self, fingerprint: u64) {
+        let slot = super::ghost_slot(fingerprint, self.ghost_len);
+        prefetch_address(self.ghost_at + slot * core::mem::size_of::<u64>());
+    }
+
     fn on_restore(&self, event: PageEvent) {
         // Back as it was: its use, class and age are still recorded.
         let p = event.page.0;
@@ -572,6 +606,11 @@ impl EvictionPolicy for DensityPolicy {
 
     fn on_accesses(&self, batch: &[Access]) {
         let mut s = self.state.lock();
+        // The records are independent: start every ghost and page miss of
+        // the batch before the first use needs one.
+        for a in batch {
+            s.prefetch(a);
+        }
         for &a in batch {
             match a {
                 Access::Hit(e) => s.access(e),
@@ -626,16 +665,24 @@ impl State {
                     return None;
                 }
                 if round == 0 && n > SAMPLE {
+                    // Candidates' records are random reads: all started
+                    // before the first is ranked.
+                    let fresh: [u32; REFRESH] = core::array::from_fn(|_| {
+                        let at = (self.random() % n as u64) as usize;
+                        let p = self.leaves[at];
+                        prefetch(&self.pages[p as usize]);
+                        p
+                    });
+                    for &p in &self.kept {
+                        prefetch(&self.pages[p as usize]);
+                    }
                     for i in 0..self.kept.len() {
                         let p = self.kept[i];
                         if self.pages[p as usize].leaf_at != UNLISTED {
                             sample.push(self.rank(p));
                         }
                     }
-                    for _ in 0..REFRESH {
-                        let at = (self.random() % n as u64) as usize;
-                        sample.push(self.rank(self.leaves[at]));
-                    }
+                    sample.extend(fresh.iter().map(|&p| self.rank(p)));
                 } else if round < 3 && n > SAMPLE {
                     for _ in 0..SAMPLE {
                         let at = (self.random() % n as u64) as usize;

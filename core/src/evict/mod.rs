@@ -123,6 +123,15 @@ pub trait EvictionPolicy: Send + Sync {
     /// `event.page` was published and can now be evicted.
     fn on_insert(&self, event: PageEvent);
 
+    /// A key with this fingerprint is about to be inserted: a policy
+    /// whose bookkeeping reads memory chosen by the key may start that
+    /// read now, so that its cache miss overlaps the store's own work
+    /// before [`on_insert`](Self::on_insert). A hint: it must not change
+    /// what the policy decides. Does nothing by default.
+    fn prefetch(&self, fingerprint: u64) {
+        let _ = fingerprint;
+    }
+
     /// `event.page` was published as the child of `parent`;
     /// `extends_leaf` says `parent` had no cached child before, so this
     /// continues a chain rather than branching off it. Defaults to
@@ -219,6 +228,9 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
     }
     fn on_insert(&self, event: PageEvent) {
         (**self).on_insert(event)
+    }
+    fn prefetch(&self, fingerprint: u64) {
+        (**self).prefetch(fingerprint)
     }
     fn on_insert_child(&self, event: PageEvent, parent: PageId, extends_leaf: bool) {
         (**self).on_insert_child(event, parent, extends_leaf)

@@ -595,6 +595,9 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         }
         // A foreign page's index would name one of ours: another block.
         self.check_ours(page.pool(), "page from another store")?;
+        // The policy's insert comes last; its own miss can overlap ours.
+        let spread = fingerprint(&key);
+        self.policy.prefetch(spread);
         if let Some(p) = parent {
             self.check_ours(p.pool(), "parent page from another store")?;
         }
@@ -623,7 +626,6 @@ impl<'m, E: EvictionPolicy> CacheStore<'m, E> {
         self.meta(id)
             .set(&key, parent.map(PageRef::handle), valid_tokens);
         let ours = page.publish();
-        let spread = fingerprint(&key);
         loop {
             match self.map.insert(key, ours.handle(), guard)? {
                 None => {

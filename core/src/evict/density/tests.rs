@@ -209,3 +209,47 @@ fn partial_tails_are_learned_apart() {
     let at = |page| offered.iter().position(|&o| o == page).unwrap();
     assert!(at(62) < at(61), "{offered:?}");
 }
+
+/// The insert hint warms the ghost's own table, and changes nothing the
+/// policy decides: two policies fed the same events, one with a hint
+/// before every insert and stray hints besides, evict the same pages.
+#[test]
+#[cfg_attr(miri, ignore = "prefetches are compiled out under Miri")]
+fn prefetch_hints_change_nothing() {
+    // More pages than an eviction samples: candidates are drawn at random.
+    let (a, b) = (DensityPolicy::new(256), DensityPolicy::new(256));
+    assert_eq!(b.ghost_at, b.state.lock().ghost.as_ptr().addr());
+    assert_eq!(b.ghost_len, b.state.lock().ghost.len());
+    let requests = 1500;
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut free, mut evicted) = ((0..256u32).collect::<Vec<_>>(), Vec::new());
+    for s in 1..=requests {
+        // A conversation from a small set: some keys come back.
+        let conversation = next() % 400;
+        let fingerprint = (conversation << 32) | (s % 3);
+        let page = free.pop().unwrap_or_else(|| {
+            let pa = a.evict_one(&mut |_, _| true).expect("a leaf");
+            assert_eq!(b.evict_one(&mut |_, _| true), Some(pa));
+            evicted.push(pa.0);
+            pa.0
+        });
+        let e = PageEvent {
+            fingerprint,
+            ..ev(page, 0, s)
+        };
+        b.prefetch(fingerprint);
+        b.prefetch(next());
+        a.on_insert(e);
+        b.on_insert(e);
+        let batch = [Access::Hit(e), Access::End { request: s }];
+        a.on_accesses(&batch);
+        b.on_accesses(&batch);
+    }
+    assert_eq!(evicted.len(), requests as usize - 256);
+}
