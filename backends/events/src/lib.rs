@@ -34,7 +34,10 @@ pub mod wire;
 pub mod fuzzing;
 
 #[cfg(feature = "zmq")]
-pub use publisher::{MAX_REPLAY_REQUESTS, Publisher, PublisherConfig};
+pub use publisher::{
+    MAX_REPLAY_REQUEST_BYTES, MAX_REPLAY_REQUESTS, MAX_SUBSCRIPTION_BYTES, Publisher,
+    PublisherConfig,
+};
 #[cfg(feature = "zmq")]
 pub use sequence::RESTART_RUN;
 #[cfg(feature = "zmq")]

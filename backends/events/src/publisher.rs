@@ -48,6 +48,15 @@ impl Default for PublisherConfig {
 /// Replay requests one [`Publisher::serve_replay`] call answers at most.
 pub const MAX_REPLAY_REQUESTS: usize = 16;
 
+/// The largest frame a peer may send the replay socket (a request is at
+/// most an empty delimiter and 8 bytes); libzmq disconnects a peer that
+/// sends a larger one instead of buffering it.
+pub const MAX_REPLAY_REQUEST_BYTES: i64 = 256;
+
+/// The largest frame a consumer may send the publishing socket: a
+/// subscription, one byte and the topic.
+pub const MAX_SUBSCRIPTION_BYTES: i64 = 4096;
+
 /// Publishes a store's events: drain its ring with [`pump`](Self::pump),
 /// answer replay requests with [`serve_replay`](Self::serve_replay), from
 /// one thread (ZeroMQ sockets are not shared between threads).
@@ -105,6 +114,7 @@ impl Publisher {
         publish.set_xpub_verbose(true)?;
         set_xpub_verboser(&mut publish)?;
         publish.set_sndhwm(config.send_hwm)?;
+        publish.set_maxmsgsize(MAX_SUBSCRIPTION_BYTES)?;
         publish.set_linger(0)?;
         publish.bind(&config.endpoint)?;
         let replay = match &config.replay_endpoint {
@@ -119,6 +129,9 @@ impl Publisher {
                 let reply = config.replay_batches.saturating_add(1);
                 s.set_sndhwm(i32::try_from(reply).unwrap_or(i32::MAX))?;
                 s.set_router_mandatory(true)?;
+                // Requests are tiny; a peer's queue of up to the receive
+                // high-water mark of them stays tiny too.
+                s.set_maxmsgsize(MAX_REPLAY_REQUEST_BYTES)?;
                 s.bind(ep)?;
                 Some(s)
             }
