@@ -35,8 +35,8 @@ pub mod fuzzing;
 
 #[cfg(feature = "zmq")]
 pub use publisher::{
-    MAX_REPLAY_REQUEST_BYTES, MAX_REPLAY_REQUESTS, MAX_SUBSCRIPTION_BYTES, Publisher,
-    PublisherConfig,
+    MAX_REPLAY_REQUEST_BYTES, MAX_REPLAY_REQUESTS, MAX_SUBSCRIPTION_BYTES, MIN_RESYNC_INTERVAL,
+    Publisher, PublisherConfig, RESYNC_REQUEST,
 };
 #[cfg(feature = "zmq")]
 pub use sequence::RESTART_RUN;

@@ -57,6 +57,18 @@ pub const MAX_REPLAY_REQUEST_BYTES: i64 = 256;
 /// subscription, one byte and the topic.
 pub const MAX_SUBSCRIPTION_BYTES: i64 = 4096;
 
+/// The start number of a resynchronisation request: no reply; the next
+/// [`Publisher::pump`] at least [`MIN_RESYNC_INTERVAL`] after the last
+/// snapshot sends `AllBlocksCleared` and the store's blocks. A subscriber
+/// asks this when a replay could not supply batches it missed (the
+/// publisher no longer keeps them), so its index stops naming blocks whose
+/// removal it never saw. No batch carries this number.
+pub const RESYNC_REQUEST: u64 = u64::MAX;
+
+/// Snapshots asked for by peers come at most this often: a peer that asks
+/// without pause costs one store snapshot per interval, not per pump.
+pub const MIN_RESYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Publishes a store's events: drain its ring with [`pump`](Self::pump),
 /// answer replay requests with [`serve_replay`](Self::serve_replay), from
 /// one thread (ZeroMQ sockets are not shared between threads).
@@ -73,7 +85,9 @@ pub const MAX_SUBSCRIPTION_BYTES: i64 = 4096;
 /// and the first wanted sequence number (8 bytes, big-endian), as vLLM's
 /// replay socket takes it; the reply is one `["", sequence, batch]`
 /// message per kept batch from there, then `["", -1 as 8 bytes, empty]`.
-/// (A request without the delimiter is answered without it.)
+/// (A request without the delimiter is answered without it.) A request
+/// for [`RESYNC_REQUEST`] asks for a snapshot instead, through the
+/// publishing socket.
 pub struct Publisher {
     config: PublisherConfig,
     _ctx: zmq::Context,
@@ -86,6 +100,10 @@ pub struct Publisher {
     resyncs: u64,
     /// Whether a first pump sent the store's snapshot.
     started: bool,
+    /// A peer asked for a snapshot ([`RESYNC_REQUEST`]).
+    resync_asked: bool,
+    /// When the last snapshot was sent.
+    last_snapshot: Option<std::time::Instant>,
     /// After a resync: events numbered below this were in the ring, or
     /// being written to it, when the snapshot began; they are not sent.
     cut: Option<u64>,
@@ -147,6 +165,8 @@ impl Publisher {
             dropped: 0,
             resyncs: 0,
             started: false,
+            resync_asked: false,
+            last_snapshot: None,
             cut: None,
             subscribers: 0,
         })
@@ -167,8 +187,8 @@ impl Publisher {
         self.next_seq
     }
 
-    /// Times the ring had dropped events and a snapshot was sent (the first
-    /// pump's snapshot not counted).
+    /// Snapshots sent after the first pump's: the ring had dropped events,
+    /// or a peer asked for one ([`RESYNC_REQUEST`]).
     pub fn resyncs(&self) -> u64 {
         self.resyncs
     }
@@ -196,7 +216,9 @@ impl Publisher {
     /// store's current blocks ([`CacheStore::snapshot`]), then the ring's
     /// newer events: a consumer's index is exact once they apply, also
     /// for a store that held blocks before this publisher existed (a
-    /// publisher restarted beside a running store). Call it from one
+    /// publisher restarted beside a running store). So is it when a peer
+    /// asked for a snapshot ([`RESYNC_REQUEST`]) and
+    /// [`MIN_RESYNC_INTERVAL`] has passed since the last. Call it from one
     /// thread, for one store.
     pub fn pump<E: EvictionPolicy>(
         &mut self,
@@ -207,12 +229,18 @@ impl Publisher {
         };
         let mut events = Vec::new();
         let dropped = ring.dropped();
-        if !self.started || dropped != self.dropped {
+        let asked = self.resync_asked
+            && self
+                .last_snapshot
+                .is_none_or(|t| t.elapsed() >= MIN_RESYNC_INTERVAL);
+        if !self.started || dropped != self.dropped || asked {
             if self.started {
                 self.resyncs += 1;
             }
             self.started = true;
             self.dropped = dropped;
+            self.resync_asked = false;
+            self.last_snapshot = Some(std::time::Instant::now());
             // Every event numbered below the cut was pushed, or claimed,
             // before the snapshot began: the snapshot already says it.
             // They are dropped, the ones a drain meets now and the ones
@@ -287,7 +315,9 @@ impl Publisher {
     /// [`MAX_REPLAY_REQUESTS`] in one call, so a peer that floods requests
     /// cannot hold the caller; returns how many were answered. A request
     /// whose last frame (after the peer's identity and any empty
-    /// delimiters) is not 8 bytes gets the end marker only. A peer whose pipe is full (it asked before and has not
+    /// delimiters) is not 8 bytes gets the end marker only; one for
+    /// [`RESYNC_REQUEST`] gets no reply, and the next
+    /// [`pump`](Self::pump) sends a snapshot. A peer whose pipe is full (it asked before and has not
     /// read) or that is gone gets the rest of that reply dropped; a
     /// [`Subscriber`](crate::Subscriber) then times out and asks again.
     pub fn serve_replay(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
@@ -313,6 +343,10 @@ impl Publisher {
                 _ => None,
             };
             answered += 1;
+            if start == Some(RESYNC_REQUEST) {
+                self.resync_asked = true;
+                continue;
+            }
             // Sends `[seq, payload]` after the envelope; false when the rest
             // of this reply is to be dropped (the peer's pipe is full, or
             // the peer is gone).

@@ -29,6 +29,11 @@ pub struct SubscriberStats {
     pub gaps: u64,
     /// Batches a replay could not supply (the worker no longer kept them).
     pub unfilled: u64,
+    /// Snapshots asked of workers ([`RESYNC_REQUEST`](crate::RESYNC_REQUEST)),
+    /// one for each loss of batches: until the snapshot arrives, the index
+    /// may name blocks whose removal was in a lost batch, or miss blocks
+    /// stored in one.
+    pub resyncs_asked: u64,
     /// Messages that were not `[topic, 8-byte sequence, payload]`, or whose
     /// payload was not a batch: dropped, their sequence numbers not taken
     /// (a batch that was due is then a gap, replayed if the worker still
@@ -60,6 +65,11 @@ struct Worker {
     sub: zmq::Socket,
     /// The replay socket and where it connects (to connect anew).
     replay: Option<(zmq::Socket, String)>,
+    /// A second connection to the replay socket for snapshot requests,
+    /// never read: a publisher that answered them (one that does not know
+    /// them, and answers an end marker) could not have its answer taken
+    /// for a replay's.
+    resync: Option<zmq::Socket>,
     /// Its batch numbers.
     seq: Sequence,
     /// The decoded batches of the current run behind (at most
@@ -80,7 +90,11 @@ struct Worker {
 /// its socket, so its late reply cannot answer a later request. A worker
 /// whose numbers start again ([`RESTART_RUN`](crate::RESTART_RUN) batches in a row below
 /// what it sent before) is taken to have restarted: forgotten, then
-/// followed from its new start.
+/// followed from its new start. Batches a replay cannot supply (a router
+/// that joins late, or falls further behind than the worker keeps) make
+/// it ask that worker for a snapshot
+/// ([`RESYNC_REQUEST`](crate::RESYNC_REQUEST)), which comes as a live
+/// `AllBlocksCleared` and the worker's blocks.
 ///
 /// ```
 /// use kvslice_core::events::{EventRing, Medium};
@@ -146,13 +160,19 @@ impl Subscriber {
             sub.set_linger(0)?;
             sub.set_subscribe(b"")?;
             sub.connect(&s.endpoint)?;
-            let replay = match &s.replay_endpoint {
-                Some(ep) => Some((replay_socket(&ctx, ep)?, ep.clone())),
-                None => None,
+            let (replay, resync) = match &s.replay_endpoint {
+                Some(ep) => {
+                    let resync = replay_socket(&ctx, ep)?;
+                    // Whatever comes back is never read: keep little.
+                    resync.set_rcvhwm(16)?;
+                    (Some((replay_socket(&ctx, ep)?, ep.clone())), Some(resync))
+                }
+                None => (None, None),
             };
             workers.push(Worker {
                 sub,
                 replay,
+                resync,
                 seq: Sequence::default(),
                 behind: Vec::new(),
             });
@@ -461,13 +481,13 @@ impl Subscriber {
                 continue;
             };
             if !lost.is_empty() {
-                self.unfilled(w, lost);
+                self.unfilled(w, lost)?;
             }
             self.stats.replayed += 1;
             self.apply(w, seq, batch);
         }
         if let Some(lost) = self.workers[w].seq.filled(to) {
-            self.unfilled(w, lost);
+            self.unfilled(w, lost)?;
         }
         Ok(())
     }
@@ -480,10 +500,23 @@ impl Subscriber {
         Ok(())
     }
 
-    fn unfilled(&mut self, w: usize, lost: std::ops::Range<u64>) {
+    fn unfilled(&mut self, w: usize, lost: std::ops::Range<u64>) -> Result<(), zmq::Error> {
         let n = lost.end - lost.start;
         self.stats.unfilled = self.stats.unfilled.saturating_add(n);
         self.problem(format!("worker {w}: batches {lost:?} lost"));
+        // What the lost batches did is unknown: ask for the whole state,
+        // which comes live.
+        if let Some(resync) = &self.workers[w].resync {
+            let request = [&[][..], &crate::RESYNC_REQUEST.to_be_bytes()[..]];
+            match resync.send_multipart(request, zmq::DONTWAIT) {
+                Ok(()) => self.stats.resyncs_asked += 1,
+                Err(zmq::Error::EAGAIN) => {
+                    self.problem(format!("worker {w}: could not ask for a snapshot"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Applies batch `seq` of worker `w`, decoded.

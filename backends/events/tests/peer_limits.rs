@@ -1,14 +1,15 @@
 //! What a publisher's peers can make it hold: a frame past the size a
 //! replay request or a subscription can have disconnects its sender
-//! instead of being buffered, and peers that keep to the limits are
-//! served as before.
+//! instead of being buffered, peers that keep to the limits are served as
+//! before, and snapshot requests cost one snapshot per interval.
 
 use std::time::{Duration, Instant};
 
 use kvslice_core::events::{EventRing, Medium};
 use kvslice_core::{CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy};
 use kvslice_events::{
-    MAX_REPLAY_REQUEST_BYTES, MAX_SUBSCRIPTION_BYTES, Publisher, PublisherConfig, zmq,
+    MAX_REPLAY_REQUEST_BYTES, MAX_SUBSCRIPTION_BYTES, MIN_RESYNC_INTERVAL, Publisher,
+    PublisherConfig, RESYNC_REQUEST, zmq,
 };
 
 fn store() -> CacheStore<'static, LruPolicy> {
@@ -95,4 +96,28 @@ fn an_oversized_subscription_is_refused() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(seen, 1);
+}
+
+/// Snapshot requests get no reply, and however many a peer sends, the
+/// publisher takes a snapshot at most once per `MIN_RESYNC_INTERVAL`.
+#[test]
+fn snapshot_requests_are_rate_limited_and_unanswered() {
+    let store = store();
+    let mut publisher = Publisher::bind(PublisherConfig::default()).unwrap();
+    assert_eq!(publisher.pump(&store).unwrap(), 1, "the first snapshot");
+    let ctx = zmq::Context::new();
+    let peer = dealer(&ctx, &publisher.replay_endpoint().unwrap());
+    let request = [&[][..], &RESYNC_REQUEST.to_be_bytes()[..]];
+    let start = Instant::now();
+    let window = MIN_RESYNC_INTERVAL.mul_f64(1.5);
+    let mut asked = 0;
+    while start.elapsed() < window {
+        peer.send_multipart(request, 0).unwrap();
+        asked += publisher.serve_replay(5).unwrap();
+        publisher.pump(&store).unwrap();
+    }
+    assert!(asked > 20, "{asked}");
+    // One snapshot once the interval since the first had passed.
+    assert_eq!(publisher.resyncs(), 1);
+    assert_eq!(peer.poll(zmq::POLLIN, 200).unwrap(), 0, "a reply came");
 }
