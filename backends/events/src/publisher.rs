@@ -29,6 +29,11 @@ pub struct PublisherConfig {
     /// The publishing socket's high-water mark: messages queued per subscriber
     /// before ZeroMQ drops (a slow consumer then sees a sequence gap).
     pub send_hwm: i32,
+    /// Snapshots that peers ask for ([`RESYNC_REQUEST`]) come at most this
+    /// often: a snapshot sends every cached block, so a store of millions
+    /// of blocks may want a longer interval than the default
+    /// ([`MIN_RESYNC_INTERVAL`]).
+    pub min_resync_interval: std::time::Duration,
 }
 
 impl Default for PublisherConfig {
@@ -41,6 +46,7 @@ impl Default for PublisherConfig {
             max_batch_events: 1024,
             block_size: 16,
             send_hwm: 100_000,
+            min_resync_interval: MIN_RESYNC_INTERVAL,
         }
     }
 }
@@ -58,15 +64,15 @@ pub const MAX_REPLAY_REQUEST_BYTES: i64 = 256;
 pub const MAX_SUBSCRIPTION_BYTES: i64 = 4096;
 
 /// The start number of a resynchronisation request: no reply; the next
-/// [`Publisher::pump`] at least [`MIN_RESYNC_INTERVAL`] after the last
-/// snapshot sends `AllBlocksCleared` and the store's blocks. A subscriber
+/// [`Publisher::pump`] at least [`PublisherConfig::min_resync_interval`]
+/// after the last snapshot sends `AllBlocksCleared` and the store's blocks. A subscriber
 /// asks this when a replay could not supply batches it missed (the
 /// publisher no longer keeps them), so its index stops naming blocks whose
 /// removal it never saw. No batch carries this number.
 pub const RESYNC_REQUEST: u64 = u64::MAX;
 
-/// Snapshots asked for by peers come at most this often: a peer that asks
-/// without pause costs one store snapshot per interval, not per pump.
+/// The default [`PublisherConfig::min_resync_interval`]: a peer that asks
+/// for snapshots without pause costs one per second, not one per pump.
 pub const MIN_RESYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Publishes a store's events: drain its ring with [`pump`](Self::pump),
@@ -218,7 +224,8 @@ impl Publisher {
     /// for a store that held blocks before this publisher existed (a
     /// publisher restarted beside a running store). So is it when a peer
     /// asked for a snapshot ([`RESYNC_REQUEST`]) and
-    /// [`MIN_RESYNC_INTERVAL`] has passed since the last. Call it from one
+    /// [`min_resync_interval`](PublisherConfig::min_resync_interval) has
+    /// passed since the last. Call it from one
     /// thread, for one store.
     pub fn pump<E: EvictionPolicy>(
         &mut self,
@@ -232,7 +239,7 @@ impl Publisher {
         let asked = self.resync_asked
             && self
                 .last_snapshot
-                .is_none_or(|t| t.elapsed() >= MIN_RESYNC_INTERVAL);
+                .is_none_or(|t| t.elapsed() >= self.config.min_resync_interval);
         if !self.started || dropped != self.dropped || asked {
             if self.started {
                 self.resyncs += 1;

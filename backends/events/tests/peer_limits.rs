@@ -99,7 +99,8 @@ fn an_oversized_subscription_is_refused() {
 }
 
 /// Snapshot requests get no reply, and however many a peer sends, the
-/// publisher takes a snapshot at most once per `MIN_RESYNC_INTERVAL`.
+/// publisher takes a snapshot at most once per `min_resync_interval`
+/// (`MIN_RESYNC_INTERVAL` by default).
 #[test]
 fn snapshot_requests_are_rate_limited_and_unanswered() {
     let store = store();
