@@ -118,7 +118,6 @@ const OPEN: usize = 64;
 /// assert_eq!(policy.evict_one(&mut |_, _| true), Some(PageId(2)));
 /// # Ok::<(), kvslice_core::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct DensityPolicy {
     capacity: u32,
     state: SpinLock<State>,
@@ -126,6 +125,15 @@ pub struct DensityPolicy {
     /// without the lock (the table is never reallocated).
     ghost_at: usize,
     ghost_len: usize,
+}
+
+impl core::fmt::Debug for DensityPolicy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DensityPolicy")
+            .field("capacity", &self.capacity)
+            .field("ghost_slots", &self.ghost_len)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A request in flight.

@@ -214,7 +214,10 @@ fn partial_tails_are_learned_apart() {
 /// policy decides: two policies fed the same events, one with a hint
 /// before every insert and stray hints besides, evict the same pages.
 #[test]
-#[cfg_attr(miri, ignore = "prefetches are compiled out under Miri")]
+#[cfg_attr(
+    miri,
+    ignore = "1,500 requests through two policies: minutes under Miri"
+)]
 fn prefetch_hints_change_nothing() {
     // More pages than an eviction samples: candidates are drawn at random.
     let (a, b) = (DensityPolicy::new(256), DensityPolicy::new(256));
@@ -252,4 +255,59 @@ fn prefetch_hints_change_nothing() {
         b.on_accesses(&batch);
     }
     assert_eq!(evicted.len(), requests as usize - 256);
+}
+
+/// The order a learned policy evicts in, over a workload of more pages
+/// than an eviction samples, pinned as a hash: a change meant to leave
+/// decisions alone (a prefetch, a reordered loop) must keep it. Recorded
+/// at e66c81b, before the policy prefetched anything.
+#[test]
+#[cfg_attr(miri, ignore = "1,500 requests: minutes under Miri")]
+fn eviction_order_is_pinned() {
+    let p = DensityPolicy::new(256);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut free: Vec<u32> = (0..256).collect();
+    // A child's parent, which becomes a leaf again when the child goes.
+    let mut parent_of: Vec<Option<u32>> = vec![None; 256];
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for s in 1..=1500u64 {
+        let conversation = next() % 300;
+        // Two blocks: a root and its child, sometimes a partial tail.
+        let mut parent = None;
+        for depth in 0..2u32 {
+            if let Some(up) = parent {
+                p.on_became_parent(ev(up, 0, s));
+            }
+            let page = free.pop().unwrap_or_else(|| {
+                let victim = p.evict_one(&mut |_, _| true).expect("a leaf").0;
+                hash = (hash ^ u64::from(victim)).wrapping_mul(0x100_0000_01b3);
+                if let Some(up) = parent_of[victim as usize].take() {
+                    p.on_became_leaf(ev(up, 0, 0));
+                }
+                victim
+            });
+            let e = PageEvent {
+                fingerprint: (conversation << 32) | u64::from(depth),
+                partial: depth == 1 && conversation % 3 == 0,
+                ..ev(page, depth, s)
+            };
+            match parent {
+                None => p.on_insert(e),
+                Some(up) => p.on_insert_child(e, PageId(up), true),
+            }
+            parent_of[page as usize] = parent;
+            parent = Some(page);
+            if next() % 4 == 0 {
+                p.on_accesses(&[Access::Hit(e)]);
+            }
+        }
+        p.on_accesses(&[Access::End { request: s }]);
+    }
+    assert_eq!(hash, 13_592_554_067_774_157_559);
 }
