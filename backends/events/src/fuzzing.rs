@@ -187,9 +187,11 @@ fn index(data: &[u8]) {
         };
         let event = match c[0] % 4 {
             0 => {
-                blocks
-                    .iter()
-                    .for_each(|&b| *holders.entry((block(b), g)).or_default() |= bit);
+                // Held again: no longer departed, from anyone.
+                blocks.iter().for_each(|&b| {
+                    *holders.entry((block(b), g)).or_default() |= bit;
+                    departed.remove(&(block(b), g));
+                });
                 Some(WireEvent::Stored {
                     hashes,
                     parent: None,

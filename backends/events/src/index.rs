@@ -55,6 +55,17 @@ pub struct PrefixIndex {
     departed: Vec<Departed>,
     /// log2 of its slots; `None` remembers nothing.
     departed_bits: Option<u32>,
+    /// Blocks no worker holds since the worker named here was cleared
+    /// (`AllBlocksCleared`) while holding them. Kept apart from the
+    /// departed memory until that worker's next clear: a publisher's
+    /// resynchronisation is a clear followed by a snapshot that stores
+    /// most of them again, and written into the direct-mapped memory they
+    /// would push out the departures it exists for. A block stored again
+    /// again leaves.
+    cleared: HashMap<BlockId, u32>,
+    /// Per worker, what its last clear put into `cleared` (some may have
+    /// left since), so its next clear or its end can move or drop them.
+    cleared_by: Vec<Vec<BlockId>>,
     /// Bumped when a worker is forgotten, so that blocks it held stop
     /// naming it.
     epochs: Vec<u32>,
@@ -101,6 +112,8 @@ impl PrefixIndex {
             held: vec![HashSet::new(); workers],
             departed: Vec::new(),
             departed_bits: Some(DEFAULT_DEPARTED_SLOTS.trailing_zeros()),
+            cleared: HashMap::new(),
+            cleared_by: vec![Vec::new(); workers],
             epochs: vec![0; workers],
         }
     }
@@ -146,6 +159,8 @@ impl PrefixIndex {
                 .trailing_zeros()
         });
         self.departed = Vec::new();
+        self.cleared = HashMap::new();
+        self.cleared_by.iter_mut().for_each(Vec::clear);
     }
 
     /// Workers indexed.
@@ -170,6 +185,11 @@ impl PrefixIndex {
                     let k = (h, *layer_group, *head_shard);
                     *self.holders.entry(k).or_default() |= bit;
                     self.held[worker].insert(k);
+                    // Held again: what departed before is over.
+                    if !self.cleared.is_empty() {
+                        self.cleared.remove(&k);
+                    }
+                    self.forget_departed(&k);
                 }
             }
             WireEvent::Removed {
@@ -181,6 +201,7 @@ impl PrefixIndex {
                 for &h in hashes {
                     let k = (h, *layer_group, *head_shard);
                     if self.held[worker].remove(&k) && self.forget(k, bit) {
+                        self.cleared.remove(&k);
                         self.remember_departed(&k, worker);
                     }
                 }
@@ -193,25 +214,41 @@ impl PrefixIndex {
     /// was cleared, or its publisher resynchronises after lost events and
     /// a snapshot follows). Its blocks that no other worker holds depart
     /// from it: its eviction policy outlives a clear. What the snapshot
-    /// stores again is held, not departed.
+    /// stores again is held, not departed, and costs the departed memory
+    /// nothing: a clear's departures wait apart until the worker's next
+    /// clear, and leave when stored again.
     pub fn clear_worker(&mut self, worker: usize) {
-        self.drop_held(worker, true);
+        self.settle_cleared(worker, true);
+        let bit = 1u64 << worker;
+        let remember = self.departed_bits.is_some();
+        for k in std::mem::take(&mut self.held[worker]) {
+            if self.forget(k, bit) && remember {
+                self.cleared.insert(k, worker as u32);
+                self.cleared_by[worker].push(k);
+            }
+        }
     }
 
     /// `worker` is gone (its process left or restarted): forgets what it
     /// held, and stops naming it as the last holder of anything.
     pub fn forget_worker(&mut self, worker: usize) {
-        self.drop_held(worker, false);
+        self.settle_cleared(worker, false);
+        let bit = 1u64 << worker;
+        for k in std::mem::take(&mut self.held[worker]) {
+            self.forget(k, bit);
+        }
         self.epochs[worker] = self.epochs[worker].wrapping_add(1);
     }
 
-    /// Drops every block `worker` holds; with `depart`, those no other
-    /// worker holds depart from it.
-    fn drop_held(&mut self, worker: usize, depart: bool) {
-        let bit = 1u64 << worker;
-        for k in std::mem::take(&mut self.held[worker]) {
-            if self.forget(k, bit) && depart {
-                self.remember_departed(&k, worker);
+    /// Takes the blocks `worker`'s last clear set apart out of `cleared`;
+    /// with `depart`, those still there depart from it for good.
+    fn settle_cleared(&mut self, worker: usize, depart: bool) {
+        for k in std::mem::take(&mut self.cleared_by[worker]) {
+            if self.cleared.get(&k) == Some(&(worker as u32)) {
+                self.cleared.remove(&k);
+                if depart {
+                    self.remember_departed(&k, worker);
+                }
             }
         }
     }
@@ -254,6 +291,22 @@ impl PrefixIndex {
         };
     }
 
+    /// Empties `k`'s slot if it holds `k`: a block stored again has not
+    /// departed, whoever held it before.
+    fn forget_departed(&mut self, k: &BlockId) {
+        let Some(bits) = self.departed_bits else {
+            return;
+        };
+        if self.departed.is_empty() {
+            return;
+        }
+        let tag = tag(k);
+        let slot = &mut self.departed[Self::slot(tag, bits)];
+        if slot.tag == tag {
+            *slot = Departed::default();
+        }
+    }
+
     /// The departed-memory slot of `key`, if the memory is on (the fuzz
     /// harness checks its blocks do not collide).
     #[cfg(feature = "fuzzing")]
@@ -263,9 +316,11 @@ impl PrefixIndex {
     }
 
     /// `Some((depth, worker))`: `worker` last held `keys[depth - 1]`, the
-    /// deepest of `keys` that no worker holds now and that the index
-    /// remembers (a bounded, direct-mapped memory: a later departure may
-    /// take its slot). A request whose cached prefix was evicted everywhere
+    /// deepest of `keys` that no worker holds now, that departed from
+    /// `worker` (evicted, or dropped in a clear) and has not been stored
+    /// since, and that the index remembers (a bounded, direct-mapped
+    /// memory: a later departure may take its slot; a clear's departures
+    /// take none until the worker's next clear). A request whose cached prefix was evicted everywhere
     /// continues a conversation that worker served: its eviction policy
     /// may still remember the conversation (its turns), where another
     /// worker would take it for a new one.
@@ -304,11 +359,19 @@ impl PrefixIndex {
     /// ```
     pub fn last_holder(&self, keys: &[SliceKey]) -> Option<(usize, usize)> {
         let bits = self.departed_bits?;
-        if self.departed.is_empty() {
+        if self.departed.is_empty() && self.cleared.is_empty() {
             return None;
         }
         keys.iter().enumerate().rev().find_map(|(depth, k)| {
             let id = id(k);
+            // A clear's departure is the block's newest: a later store
+            // takes it out of `cleared`, and that store emptied its slot.
+            if let Some(&w) = self.cleared.get(&id) {
+                return (!self.holders.contains_key(&id)).then_some((depth + 1, w as usize));
+            }
+            if self.departed.is_empty() {
+                return None;
+            }
             let tag = tag(&id);
             let d = self.departed[Self::slot(tag, bits)];
             let w = (d.worker as usize).checked_sub(1)?;

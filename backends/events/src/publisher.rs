@@ -56,7 +56,9 @@ pub const MAX_REPLAY_REQUESTS: usize = 16;
 
 /// The largest frame a peer may send the replay socket (a request is at
 /// most an empty delimiter and 8 bytes); libzmq disconnects a peer that
-/// sends a larger one instead of buffering it.
+/// sends a larger one instead of buffering it. It bounds frames, not how
+/// many a message has: see `docs/EVENTS.md` for what a peer can still
+/// make the publisher hold.
 pub const MAX_REPLAY_REQUEST_BYTES: i64 = 256;
 
 /// The largest frame a consumer may send the publishing socket: a
@@ -153,8 +155,7 @@ impl Publisher {
                 let reply = config.replay_batches.saturating_add(1);
                 s.set_sndhwm(i32::try_from(reply).unwrap_or(i32::MAX))?;
                 s.set_router_mandatory(true)?;
-                // Requests are tiny; a peer's queue of up to the receive
-                // high-water mark of them stays tiny too.
+                // Requests are tiny: no frame of one is larger.
                 s.set_maxmsgsize(MAX_REPLAY_REQUEST_BYTES)?;
                 s.bind(ep)?;
                 Some(s)

@@ -29,10 +29,11 @@ pub struct SubscriberStats {
     pub gaps: u64,
     /// Batches a replay could not supply (the worker no longer kept them).
     pub unfilled: u64,
-    /// Snapshots asked of workers ([`RESYNC_REQUEST`](crate::RESYNC_REQUEST)),
-    /// one for each loss of batches: until the snapshot arrives, the index
-    /// may name blocks whose removal was in a lost batch, or miss blocks
-    /// stored in one.
+    /// Snapshots asked of workers ([`RESYNC_REQUEST`](crate::RESYNC_REQUEST))
+    /// after losses of batches: until the snapshot arrives, the index may
+    /// name blocks whose removal was in a lost batch, or miss blocks stored
+    /// in one. While none arrives, a worker is asked again after 1 s, then
+    /// 2 s, doubling up to a minute.
     pub resyncs_asked: u64,
     /// Messages that were not `[topic, 8-byte sequence, payload]`, or whose
     /// payload was not a batch: dropped, their sequence numbers not taken
@@ -58,6 +59,13 @@ const MAX_REPLAY_BATCHES: usize = 1 << 16;
 /// Messages one [`Subscriber::poll`] handles at most.
 pub const MAX_POLL_MESSAGES: usize = 4096;
 
+/// The first wait before a snapshot is asked for again while none came;
+/// it doubles up to [`RESYNC_BACKOFF_MAX`]. A snapshot that itself loses
+/// batches (one larger than what the worker keeps for replay) is then not
+/// asked for on every gap.
+const RESYNC_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
+const RESYNC_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Problems kept for a log: the most recent ones.
 const PROBLEMS_KEPT: usize = 32;
 
@@ -70,6 +78,12 @@ struct Worker {
     /// them, and answers an end marker) could not have its answer taken
     /// for a replay's.
     resync: Option<zmq::Socket>,
+    /// No snapshot is asked for again before this, unless one arrived
+    /// (an `AllBlocksCleared`) since the last request.
+    resync_after: Option<std::time::Instant>,
+    /// The wait after the next request: doubles while requests go
+    /// unanswered, back to [`RESYNC_BACKOFF`] when a snapshot arrives.
+    resync_backoff: std::time::Duration,
     /// Its batch numbers.
     seq: Sequence,
     /// The decoded batches of the current run behind (at most
@@ -162,9 +176,11 @@ impl Subscriber {
             sub.connect(&s.endpoint)?;
             let (replay, resync) = match &s.replay_endpoint {
                 Some(ep) => {
-                    let resync = replay_socket(&ctx, ep)?;
+                    let resync = ctx.socket(zmq::DEALER)?;
+                    resync.set_linger(0)?;
                     // Whatever comes back is never read: keep little.
                     resync.set_rcvhwm(16)?;
+                    resync.connect(ep)?;
                     (Some((replay_socket(&ctx, ep)?, ep.clone())), Some(resync))
                 }
                 None => (None, None),
@@ -173,6 +189,8 @@ impl Subscriber {
                 sub,
                 replay,
                 resync,
+                resync_after: None,
+                resync_backoff: RESYNC_BACKOFF,
                 seq: Sequence::default(),
                 behind: Vec::new(),
             });
@@ -505,11 +523,20 @@ impl Subscriber {
         self.stats.unfilled = self.stats.unfilled.saturating_add(n);
         self.problem(format!("worker {w}: batches {lost:?} lost"));
         // What the lost batches did is unknown: ask for the whole state,
-        // which comes live.
-        if let Some(resync) = &self.workers[w].resync {
+        // which comes live; not again while an answer may be on its way.
+        let worker = &mut self.workers[w];
+        let now = std::time::Instant::now();
+        if worker.resync_after.is_some_and(|t| now < t) {
+            return Ok(());
+        }
+        if let Some(resync) = &worker.resync {
             let request = [&[][..], &crate::RESYNC_REQUEST.to_be_bytes()[..]];
             match resync.send_multipart(request, zmq::DONTWAIT) {
-                Ok(()) => self.stats.resyncs_asked += 1,
+                Ok(()) => {
+                    worker.resync_after = Some(now + worker.resync_backoff);
+                    worker.resync_backoff = (worker.resync_backoff * 2).min(RESYNC_BACKOFF_MAX);
+                    self.stats.resyncs_asked += 1;
+                }
                 Err(zmq::Error::EAGAIN) => {
                     self.problem(format!("worker {w}: could not ask for a snapshot"));
                 }
@@ -528,6 +555,13 @@ impl Subscriber {
         self.stats.batches += 1;
         self.stats.events += events.len() as u64;
         for e in &events {
+            if matches!(e, crate::wire::WireEvent::Cleared) {
+                // A snapshot follows (or the store was cleared): whatever
+                // was asked for has come.
+                let worker = &mut self.workers[w];
+                worker.resync_after = None;
+                worker.resync_backoff = RESYNC_BACKOFF;
+            }
             self.index.apply(w, e);
         }
         if !skipped.is_empty() {

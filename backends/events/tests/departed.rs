@@ -151,3 +151,30 @@ fn the_memory_is_bounded_and_can_be_switched_off() {
     }
     assert!(remembered > 850, "{remembered} of 1000 remembered");
 }
+
+/// A publisher's resync (a clear, then a snapshot that stores the
+/// worker's blocks again) costs the departed memory nothing: a small
+/// memory still names the holder of a block that departed before it, and
+/// what the clear dropped for good departs as before.
+#[test]
+fn a_resync_does_not_push_out_earlier_departures() {
+    let mut index = PrefixIndex::new(2).with_departed_slots(8);
+    index.apply(0, &stored(&[1, 2]));
+    index.apply(0, &removed(&[2]));
+    let earlier = request(&[1, 2]);
+    assert_eq!(index.last_holder(&earlier), Some((2, 0)));
+    // Worker 1 holds 1,000 blocks, is cleared and stores all but one again.
+    let blocks: Vec<u128> = (0..1000u128)
+        .map(|b| (b + 100).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835))
+        .collect();
+    index.apply(1, &stored(&blocks));
+    index.apply(1, &WireEvent::Cleared);
+    index.apply(1, &stored(&blocks[1..]));
+    assert_eq!(index.last_holder(&earlier), Some((2, 0)), "pushed out");
+    let dropped = request(&[blocks[0]]);
+    assert_eq!(index.last_holder(&dropped), Some((1, 1)));
+    assert_eq!(index.last_holder(&request(&blocks[1..3])), None);
+    // Its next clear settles the first one's departure into the memory.
+    index.apply(1, &WireEvent::Cleared);
+    assert_eq!(index.last_holder(&dropped), Some((1, 1)));
+}
