@@ -57,14 +57,14 @@ pub struct PrefixIndex {
     departed_bits: Option<u32>,
     /// Blocks no worker holds since the worker named here was cleared
     /// (`AllBlocksCleared`) while holding them. Kept apart from the
-    /// departed memory until that worker's next clear: a publisher's
-    /// resynchronisation is a clear followed by a snapshot that stores
-    /// most of them again, and written into the direct-mapped memory they
-    /// would push out the departures it exists for. A block stored again
-    /// again leaves.
+    /// departed memory until that worker next removes a block or is
+    /// cleared again: a publisher's resynchronisation is a clear followed
+    /// by a snapshot that stores most of them again (and removes none),
+    /// and written into the direct-mapped memory at once they would push
+    /// out the departures it exists for. A block stored again leaves.
     cleared: HashMap<BlockId, u32>,
     /// Per worker, what its last clear put into `cleared` (some may have
-    /// left since), so its next clear or its end can move or drop them.
+    /// left since), to move into the memory or drop.
     cleared_by: Vec<Vec<BlockId>>,
     /// Bumped when a worker is forgotten, so that blocks it held stop
     /// naming it.
@@ -198,10 +198,15 @@ impl PrefixIndex {
                 head_shard,
                 ..
             } => {
+                // A removal comes after the snapshot that follows a clear:
+                // what that clear dropped and the snapshot did not store
+                // again departed for good.
+                if !self.cleared_by[worker].is_empty() {
+                    self.settle_cleared(worker, true);
+                }
                 for &h in hashes {
                     let k = (h, *layer_group, *head_shard);
                     if self.held[worker].remove(&k) && self.forget(k, bit) {
-                        self.cleared.remove(&k);
                         self.remember_departed(&k, worker);
                     }
                 }
@@ -215,8 +220,8 @@ impl PrefixIndex {
     /// a snapshot follows). Its blocks that no other worker holds depart
     /// from it: its eviction policy outlives a clear. What the snapshot
     /// stores again is held, not departed, and costs the departed memory
-    /// nothing: a clear's departures wait apart until the worker's next
-    /// clear, and leave when stored again.
+    /// nothing: a clear's departures wait apart until the worker next
+    /// removes a block or is cleared, and leave when stored again.
     pub fn clear_worker(&mut self, worker: usize) {
         self.settle_cleared(worker, true);
         let bit = 1u64 << worker;
@@ -250,6 +255,12 @@ impl PrefixIndex {
                     self.remember_departed(&k, worker);
                 }
             }
+        }
+        // A resync of a large worker grew the map; give the room back.
+        if self.cleared.is_empty() {
+            self.cleared = HashMap::new();
+        } else if self.cleared.capacity() > 4 * self.cleared.len() + 64 {
+            self.cleared.shrink_to_fit();
         }
     }
 
@@ -320,10 +331,11 @@ impl PrefixIndex {
     /// `worker` (evicted, or dropped in a clear) and has not been stored
     /// since, and that the index remembers (a bounded, direct-mapped
     /// memory: a later departure may take its slot; a clear's departures
-    /// take none until the worker's next clear). A request whose cached prefix was evicted everywhere
-    /// continues a conversation that worker served: its eviction policy
-    /// may still remember the conversation (its turns), where another
-    /// worker would take it for a new one.
+    /// take none until the worker next removes a block or is cleared). A
+    /// request whose cached prefix was evicted everywhere continues a
+    /// conversation that worker served: its eviction policy may still
+    /// remember the conversation (its turns), where another worker would
+    /// take it for a new one.
     ///
     /// ```
     /// use kvslice_core::{BlockHash, SliceKey};

@@ -41,7 +41,7 @@ pub use publisher::{
 #[cfg(feature = "zmq")]
 pub use sequence::RESTART_RUN;
 #[cfg(feature = "zmq")]
-pub use subscriber::{MAX_POLL_MESSAGES, Source, Subscriber, SubscriberStats};
+pub use subscriber::{MAX_POLL_MESSAGES, RESYNC_BACKOFF, Source, Subscriber, SubscriberStats};
 /// The ZeroMQ bindings the publisher and subscriber use (their errors are
 /// `zmq::Error`).
 #[cfg(feature = "zmq")]

@@ -32,8 +32,9 @@ pub struct SubscriberStats {
     /// Snapshots asked of workers ([`RESYNC_REQUEST`](crate::RESYNC_REQUEST))
     /// after losses of batches: until the snapshot arrives, the index may
     /// name blocks whose removal was in a lost batch, or miss blocks stored
-    /// in one. While none arrives, a worker is asked again after 1 s, then
-    /// 2 s, doubling up to a minute.
+    /// in one. A loss within the wait after a request (1 s, doubling with
+    /// each request up to a minute; [`Subscriber::with_resync_backoff`])
+    /// asks when the wait is over, unless a snapshot came meanwhile.
     pub resyncs_asked: u64,
     /// Messages that were not `[topic, 8-byte sequence, payload]`, or whose
     /// payload was not a batch: dropped, their sequence numbers not taken
@@ -59,12 +60,13 @@ const MAX_REPLAY_BATCHES: usize = 1 << 16;
 /// Messages one [`Subscriber::poll`] handles at most.
 pub const MAX_POLL_MESSAGES: usize = 4096;
 
-/// The first wait before a snapshot is asked for again while none came;
-/// it doubles up to [`RESYNC_BACKOFF_MAX`]. A snapshot that itself loses
-/// batches (one larger than what the worker keeps for replay) is then not
-/// asked for on every gap.
-const RESYNC_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
-const RESYNC_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+/// The wait after a worker's first snapshot request before the next; it
+/// doubles with each request, up to 60 times this, and starts again from
+/// here after that long without one. A snapshot that itself loses batches
+/// (one larger than what the worker keeps for replay) is then not asked
+/// for on every gap.
+pub const RESYNC_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
+const RESYNC_BACKOFF_ROUNDS: u32 = 60;
 
 /// Problems kept for a log: the most recent ones.
 const PROBLEMS_KEPT: usize = 32;
@@ -78,11 +80,12 @@ struct Worker {
     /// them, and answers an end marker) could not have its answer taken
     /// for a replay's.
     resync: Option<zmq::Socket>,
-    /// No snapshot is asked for again before this, unless one arrived
-    /// (an `AllBlocksCleared`) since the last request.
+    /// Batches were lost since the last `AllBlocksCleared`: a snapshot
+    /// is to be asked for.
+    resync_due: bool,
+    /// No snapshot is asked for before this.
     resync_after: Option<std::time::Instant>,
-    /// The wait after the next request: doubles while requests go
-    /// unanswered, back to [`RESYNC_BACKOFF`] when a snapshot arrives.
+    /// The wait after the next request.
     resync_backoff: std::time::Duration,
     /// Its batch numbers.
     seq: Sequence,
@@ -147,6 +150,8 @@ pub struct Subscriber {
     stats: SubscriberStats,
     problems: VecDeque<String>,
     replay_timeout_ms: i64,
+    /// The first wait between snapshot requests.
+    resync_backoff: std::time::Duration,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -189,6 +194,7 @@ impl Subscriber {
                 sub,
                 replay,
                 resync,
+                resync_due: false,
                 resync_after: None,
                 resync_backoff: RESYNC_BACKOFF,
                 seq: Sequence::default(),
@@ -202,7 +208,18 @@ impl Subscriber {
             stats: SubscriberStats::default(),
             problems: VecDeque::new(),
             replay_timeout_ms,
+            resync_backoff: RESYNC_BACKOFF,
         })
+    }
+
+    /// Sets the first wait between a worker's snapshot requests (see
+    /// [`RESYNC_BACKOFF`], the default).
+    pub fn with_resync_backoff(mut self, wait: std::time::Duration) -> Self {
+        self.resync_backoff = wait;
+        for w in &mut self.workers {
+            w.resync_backoff = wait;
+        }
+        self
     }
 
     /// The index built so far.
@@ -250,6 +267,9 @@ impl Subscriber {
     /// applies cannot keep the call from returning; the rest wait for the
     /// next call.
     pub fn poll(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
+        for w in 0..self.workers.len() {
+            self.ask_resync(w)?;
+        }
         let mut handled = 0;
         let mut wait = timeout_ms;
         while handled < MAX_POLL_MESSAGES {
@@ -523,25 +543,46 @@ impl Subscriber {
         self.stats.unfilled = self.stats.unfilled.saturating_add(n);
         self.problem(format!("worker {w}: batches {lost:?} lost"));
         // What the lost batches did is unknown: ask for the whole state,
-        // which comes live; not again while an answer may be on its way.
+        // which comes live.
+        self.workers[w].resync_due = true;
+        self.ask_resync(w)
+    }
+
+    /// Asks `w` for a snapshot if one is due and the wait after the last
+    /// request is over. Called on a loss and on every poll, so that a
+    /// loss inside the wait asks when it ends.
+    fn ask_resync(&mut self, w: usize) -> Result<(), zmq::Error> {
+        let first = self.resync_backoff;
         let worker = &mut self.workers[w];
         let now = std::time::Instant::now();
-        if worker.resync_after.is_some_and(|t| now < t) {
+        if !worker.resync_due || worker.resync_after.is_some_and(|t| now < t) {
             return Ok(());
         }
-        if let Some(resync) = &worker.resync {
-            let request = [&[][..], &crate::RESYNC_REQUEST.to_be_bytes()[..]];
-            match resync.send_multipart(request, zmq::DONTWAIT) {
-                Ok(()) => {
-                    worker.resync_after = Some(now + worker.resync_backoff);
-                    worker.resync_backoff = (worker.resync_backoff * 2).min(RESYNC_BACKOFF_MAX);
-                    self.stats.resyncs_asked += 1;
-                }
-                Err(zmq::Error::EAGAIN) => {
-                    self.problem(format!("worker {w}: could not ask for a snapshot"));
-                }
-                Err(e) => return Err(e),
+        let Some(resync) = &worker.resync else {
+            worker.resync_due = false;
+            return Ok(());
+        };
+        // Long quiet since the last request: start the waits over.
+        if worker
+            .resync_after
+            .is_some_and(|t| now > t + first * RESYNC_BACKOFF_ROUNDS)
+        {
+            worker.resync_backoff = first;
+        }
+        let request = [&[][..], &crate::RESYNC_REQUEST.to_be_bytes()[..]];
+        match resync.send_multipart(request, zmq::DONTWAIT) {
+            Ok(()) => {
+                worker.resync_due = false;
+                worker.resync_after = Some(now + worker.resync_backoff);
+                worker.resync_backoff =
+                    (worker.resync_backoff * 2).min(first * RESYNC_BACKOFF_ROUNDS);
+                self.stats.resyncs_asked += 1;
             }
+            // Stays due: the next poll tries again.
+            Err(zmq::Error::EAGAIN) => {
+                self.problem(format!("worker {w}: could not ask for a snapshot"));
+            }
+            Err(e) => return Err(e),
         }
         Ok(())
     }
@@ -556,11 +597,11 @@ impl Subscriber {
         self.stats.events += events.len() as u64;
         for e in &events {
             if matches!(e, crate::wire::WireEvent::Cleared) {
-                // A snapshot follows (or the store was cleared): whatever
-                // was asked for has come.
-                let worker = &mut self.workers[w];
-                worker.resync_after = None;
-                worker.resync_backoff = RESYNC_BACKOFF;
+                // A snapshot follows (or the store was cleared): what was
+                // lost before it no longer matters. The wait stays: a
+                // snapshot that loses batches itself asks again only
+                // after it.
+                self.workers[w].resync_due = false;
             }
             self.index.apply(w, e);
         }

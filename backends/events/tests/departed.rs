@@ -174,7 +174,16 @@ fn a_resync_does_not_push_out_earlier_departures() {
     let dropped = request(&[blocks[0]]);
     assert_eq!(index.last_holder(&dropped), Some((1, 1)));
     assert_eq!(index.last_holder(&request(&blocks[1..3])), None);
-    // Its next clear settles the first one's departure into the memory.
-    index.apply(1, &WireEvent::Cleared);
+    // Its first removal ends the snapshot: what the clear dropped for good
+    // moves into the memory, beside the removed block.
+    index.apply(1, &removed(&blocks[1..2]));
     assert_eq!(index.last_holder(&dropped), Some((1, 1)));
+    assert_eq!(index.last_holder(&request(&blocks[1..2])), Some((1, 1)));
+    // A worker that is gone is named for none of it.
+    index.apply(1, &WireEvent::Cleared);
+    assert_eq!(index.last_holder(&request(&blocks[5..6])), Some((1, 1)));
+    index.forget_worker(1);
+    for b in [&blocks[0..1], &blocks[1..2], &blocks[5..6]] {
+        assert_eq!(index.last_holder(&request(b)), None);
+    }
 }

@@ -99,31 +99,36 @@ fn a_late_router_asks_for_a_snapshot_and_knows_every_block() {
     assert_eq!(publisher.resyncs(), 1, "one snapshot after the first");
 }
 
-/// A worker that never answers: each loss does not ask again at once; a
-/// snapshot that arrives (`AllBlocksCleared`) lets the next loss ask.
-#[test]
-fn unanswered_snapshot_requests_back_off() {
-    let ctx = zmq::Context::new();
+/// A fake worker (its publishing socket and replay socket) and a
+/// subscriber to it with replay timeout 20 ms and the given first wait
+/// between snapshot requests.
+fn fake_worker(ctx: &zmq::Context, backoff: Duration) -> (zmq::Socket, zmq::Socket, Subscriber) {
     let worker = ctx.socket(zmq::XPUB).unwrap();
     worker.bind("tcp://127.0.0.1:*").unwrap();
     let replay = ctx.socket(zmq::ROUTER).unwrap();
     replay.bind("tcp://127.0.0.1:*").unwrap();
-    let mut sub = Subscriber::connect(
+    let sub = Subscriber::connect(
         &[Source {
             endpoint: worker.get_last_endpoint().unwrap().unwrap(),
             replay_endpoint: Some(replay.get_last_endpoint().unwrap().unwrap()),
         }],
         20,
     )
-    .unwrap();
+    .unwrap()
+    .with_resync_backoff(backoff);
     assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
-    let send = |seq: u64, event: WireEvent| {
-        let p = encode(1.0, &[event]);
-        worker
-            .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
-            .unwrap();
-    };
-    let stored = |b: u64| WireEvent::Stored {
+    (worker, replay, sub)
+}
+
+fn send(worker: &zmq::Socket, seq: u64, event: WireEvent) {
+    let p = encode(1.0, &[event]);
+    worker
+        .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
+        .unwrap();
+}
+
+fn stored(b: u64) -> WireEvent {
+    WireEvent::Stored {
         hashes: vec![key(b).block],
         parent: None,
         tokens: vec![16],
@@ -132,35 +137,78 @@ fn unanswered_snapshot_requests_back_off() {
         layer_group: 0,
         head_shard: 0,
         first_block_index: 0,
-    };
-    // Every other batch: five gaps, no replay answers.
-    for seq in (1..10).step_by(2) {
-        send(seq, stored(seq));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while sub.next_seq(0) <= seq {
-            assert!(Instant::now() < deadline, "{:?}", sub.stats());
-            sub.poll(20).unwrap();
-        }
     }
-    assert_eq!(sub.stats().gaps, 5);
-    assert_eq!(sub.stats().resyncs_asked, 1, "{:?}", sub.stats());
-    // A snapshot arrives; the next loss asks again.
-    send(10, WireEvent::Cleared);
-    send(12, stored(12));
+}
+
+/// Polls until batch `seq` has been applied (or counted lost).
+fn reach(sub: &mut Subscriber, seq: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while sub.next_seq(0) <= 12 {
+    while sub.next_seq(0) <= seq {
         assert!(Instant::now() < deadline, "{:?}", sub.stats());
         sub.poll(20).unwrap();
     }
-    assert_eq!(sub.stats().resyncs_asked, 2, "{:?}", sub.stats());
-    // What reached the worker's replay socket: the snapshot requests, on
-    // a connection that asks nothing else.
-    let mut resync_requests = 0;
+}
+
+/// Snapshot requests that reached the fake worker's replay socket.
+fn resync_requests(replay: &zmq::Socket) -> usize {
+    let mut n = 0;
     while replay.poll(zmq::POLLIN, 100).unwrap() > 0 {
         let m = replay.recv_multipart(0).unwrap();
         if m.last().map(Vec::as_slice) == Some(&RESYNC_REQUEST.to_be_bytes()[..]) {
-            resync_requests += 1;
+            n += 1;
         }
     }
-    assert_eq!(resync_requests, 2);
+    n
+}
+
+/// A worker that never answers: losses inside the wait after a request do
+/// not ask again, and neither does one after a snapshot arrived while the
+/// wait lasts.
+#[test]
+fn losses_inside_the_wait_ask_once() {
+    let ctx = zmq::Context::new();
+    let (worker, replay, mut sub) = fake_worker(&ctx, Duration::from_secs(60));
+    // Every other batch: five gaps, no replay answers.
+    for seq in (1..10).step_by(2) {
+        send(&worker, seq, stored(seq));
+        reach(&mut sub, seq);
+    }
+    send(&worker, 10, WireEvent::Cleared);
+    send(&worker, 12, stored(12));
+    reach(&mut sub, 12);
+    let stats = sub.stats();
+    assert_eq!((stats.gaps, stats.resyncs_asked), (6, 1), "{stats:?}");
+    assert_eq!(resync_requests(&replay), 1);
+}
+
+/// A loss inside the wait asks when the wait is over, without another
+/// loss; a snapshot that arrives first cancels it.
+#[test]
+fn a_loss_inside_the_wait_asks_when_it_ends() {
+    let ctx = zmq::Context::new();
+    let wait = Duration::from_millis(500);
+    let (worker, replay, mut sub) = fake_worker(&ctx, wait);
+    send(&worker, 1, stored(1));
+    reach(&mut sub, 1);
+    send(&worker, 3, stored(3));
+    reach(&mut sub, 3);
+    assert_eq!(sub.stats().resyncs_asked, 1, "the second loss waits");
+    // Nothing more arrives; polling past the wait sends the due request.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sub.stats().resyncs_asked < 2 {
+        assert!(Instant::now() < deadline, "{:?}", sub.stats());
+        sub.poll(20).unwrap();
+    }
+    assert_eq!(resync_requests(&replay), 2);
+    // The next wait is twice as long; a loss in it, then a snapshot, then
+    // the wait's end: nothing is asked.
+    send(&worker, 5, stored(5));
+    send(&worker, 6, WireEvent::Cleared);
+    reach(&mut sub, 6);
+    let until = Instant::now() + 3 * wait;
+    while Instant::now() < until {
+        sub.poll(20).unwrap();
+    }
+    assert_eq!(sub.stats().resyncs_asked, 2, "{:?}", sub.stats());
+    assert_eq!(resync_requests(&replay), 0);
 }
