@@ -11,7 +11,7 @@ use crate::wire::WireEvent;
 pub const MAX_WORKERS: usize = 64;
 
 /// Slots of the departed-block memory by default: 2^16 entries of 16
-/// bytes (1 MiB once the first block departs). On the Mooncake
+/// bytes (1 MiB once the first block departs into it). On the Mooncake
 /// conversation trace 2^14 already route as well.
 pub const DEFAULT_DEPARTED_SLOTS: usize = 1 << 16;
 

@@ -9,11 +9,13 @@
 //! them on a ZeroMQ PUB socket as `[topic, sequence, payload]`, keeping the
 //! recent batches for a ROUTER replay socket. A consumer that finds a gap
 //! in the sequence asks the replay socket for it; when the store's ring
-//! itself dropped events, the next batch starts with `AllBlocksCleared` and
+//! itself dropped events, or a consumer asked for one
+//! ([`RESYNC_REQUEST`]), the next batch starts with `AllBlocksCleared` and
 //! a snapshot of the store, so consumers are exact again.
 //!
 //! On the router's side, a [`Subscriber`] follows many workers, repairs
-//! gaps from their replay sockets and keeps a [`PrefixIndex`](index::PrefixIndex):
+//! gaps from their replay sockets (asking for a snapshot when a replay
+//! cannot fill one) and keeps a [`PrefixIndex`](index::PrefixIndex):
 //! which workers hold which blocks, and so how long a prefix of a new
 //! request each could reuse.
 //!

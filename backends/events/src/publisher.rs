@@ -321,7 +321,8 @@ impl Publisher {
     /// Answers replay requests: waits up to `timeout_ms` for the first (0:
     /// only those waiting now), then answers those already queued, at most
     /// [`MAX_REPLAY_REQUESTS`] in one call, so a peer that floods requests
-    /// cannot hold the caller; returns how many were answered. A request
+    /// cannot hold the caller; returns how many were handled (snapshot
+    /// requests included, which get no reply). A request
     /// whose last frame (after the peer's identity and any empty
     /// delimiters) is not 8 bytes gets the end marker only; one for
     /// [`RESYNC_REQUEST`] gets no reply, and the next

@@ -32,9 +32,11 @@ pub struct SubscriberStats {
     /// Snapshots asked of workers ([`RESYNC_REQUEST`](crate::RESYNC_REQUEST))
     /// after losses of batches: until the snapshot arrives, the index may
     /// name blocks whose removal was in a lost batch, or miss blocks stored
-    /// in one. A loss within the wait after a request (1 s, doubling with
-    /// each request up to a minute; [`Subscriber::with_resync_backoff`])
-    /// asks when the wait is over, unless a snapshot came meanwhile.
+    /// in one. A loss within the wait after a request (1 s by default,
+    /// doubling with each request up to 60 times the first;
+    /// [`Subscriber::with_resync_backoff`]) asks when the wait is over,
+    /// unless a snapshot came meanwhile. Only workers whose [`Source`]
+    /// names a replay endpoint are asked.
     pub resyncs_asked: u64,
     /// Messages that were not `[topic, 8-byte sequence, payload]`, or whose
     /// payload was not a batch: dropped, their sequence numbers not taken
@@ -62,7 +64,7 @@ pub const MAX_POLL_MESSAGES: usize = 4096;
 
 /// The wait after a worker's first snapshot request before the next; it
 /// doubles with each request, up to 60 times this, and starts again from
-/// here after that long without one. A snapshot that itself loses batches
+/// here once 60 times this has passed since the last wait ended. A snapshot that itself loses batches
 /// (one larger than what the worker keeps for replay) is then not asked
 /// for on every gap.
 pub const RESYNC_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
@@ -80,8 +82,8 @@ struct Worker {
     /// them, and answers an end marker) could not have its answer taken
     /// for a replay's.
     resync: Option<zmq::Socket>,
-    /// Batches were lost since the last `AllBlocksCleared`: a snapshot
-    /// is to be asked for.
+    /// Batches were lost since the last request or `AllBlocksCleared`: a
+    /// snapshot is to be asked for.
     resync_due: bool,
     /// No snapshot is asked for before this.
     resync_after: Option<std::time::Instant>,

@@ -126,7 +126,8 @@ pub trait EvictionPolicy: Send + Sync {
     /// A key with this fingerprint is about to be inserted: a policy
     /// whose bookkeeping reads memory chosen by the key may start that
     /// read now, so that its cache miss overlaps the store's own work
-    /// before [`on_insert`](Self::on_insert). A hint: it must not change
+    /// before [`on_insert`](Self::on_insert) or
+    /// [`on_insert_child`](Self::on_insert_child). A hint: it must not change
     /// what the policy decides. Does nothing by default.
     fn prefetch(&self, fingerprint: u64) {
         let _ = fingerprint;
