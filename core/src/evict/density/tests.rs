@@ -2,6 +2,7 @@
 
 use super::super::test_event;
 use super::*;
+use crate::testkit::Rng;
 
 /// An event of `request`.
 fn ev(page: u32, block_index: u32, request: u64) -> PageEvent {
@@ -224,17 +225,11 @@ fn prefetch_hints_change_nothing() {
     assert_eq!(b.ghost_at, b.state.lock().ghost.as_ptr().addr());
     assert_eq!(b.ghost_len, b.state.lock().ghost.len());
     let requests = 1500;
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let (mut free, mut evicted) = ((0..256u32).collect::<Vec<_>>(), Vec::new());
     for s in 1..=requests {
         // A conversation from a small set: some keys come back.
-        let conversation = next() % 400;
+        let conversation = rng.below(400);
         let fingerprint = (conversation << 32) | (s % 3);
         let page = free.pop().unwrap_or_else(|| {
             let pa = a.evict_one(&mut |_, _| true).expect("a leaf");
@@ -247,7 +242,7 @@ fn prefetch_hints_change_nothing() {
             ..ev(page, 0, s)
         };
         b.prefetch(fingerprint);
-        b.prefetch(next());
+        b.prefetch(rng.next_u64());
         a.on_insert(e);
         b.on_insert(e);
         let batch = [Access::Hit(e), Access::End { request: s }];
@@ -265,19 +260,13 @@ fn prefetch_hints_change_nothing() {
 #[cfg_attr(miri, ignore = "1,500 requests: minutes under Miri")]
 fn eviction_order_is_pinned() {
     let p = DensityPolicy::new(256);
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut free: Vec<u32> = (0..256).collect();
     // A child's parent, which becomes a leaf again when the child goes.
     let mut parent_of: Vec<Option<u32>> = vec![None; 256];
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     for s in 1..=1500u64 {
-        let conversation = next() % 300;
+        let conversation = rng.below(300);
         // Two blocks: a root and its child, sometimes a partial tail.
         let mut parent = None;
         for depth in 0..2u32 {
@@ -294,7 +283,7 @@ fn eviction_order_is_pinned() {
             });
             let e = PageEvent {
                 fingerprint: (conversation << 32) | u64::from(depth),
-                partial: depth == 1 && conversation % 3 == 0,
+                partial: depth == 1 && conversation.is_multiple_of(3),
                 ..ev(page, depth, s)
             };
             match parent {
@@ -303,11 +292,11 @@ fn eviction_order_is_pinned() {
             }
             parent_of[page as usize] = parent;
             parent = Some(page);
-            if next() % 4 == 0 {
+            if rng.below(4) == 0 {
                 p.on_accesses(&[Access::Hit(e)]);
             }
         }
         p.on_accesses(&[Access::End { request: s }]);
     }
-    assert_eq!(hash, 13_592_554_067_774_157_559);
+    assert_eq!(hash, 131_598_987_811_380_174);
 }
