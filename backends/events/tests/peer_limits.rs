@@ -5,19 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-use kvslice_core::events::{EventRing, Medium};
-use kvslice_core::{CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy};
 use kvslice_events::{
     MAX_REPLAY_REQUEST_BYTES, MAX_SUBSCRIPTION_BYTES, Publisher, PublisherConfig, RESYNC_REQUEST,
     zmq,
 };
 
-fn store() -> CacheStore<'static, LruPolicy> {
-    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
-    CacheStore::new(layout, 4, LruPolicy::new(4))
-        .unwrap()
-        .with_events(EventRing::new(16, Medium::Gpu))
-}
+mod common;
+use common::store_with_ring;
 
 fn dealer(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
     let s = ctx.socket(zmq::DEALER).unwrap();
@@ -45,7 +39,7 @@ fn replies(peer: &zmq::Socket) -> usize {
 
 #[test]
 fn an_oversized_replay_request_is_refused_and_others_are_served() {
-    let store = store();
+    let store = store_with_ring(4, 16);
     let mut publisher = Publisher::bind(PublisherConfig::default()).unwrap();
     // One kept batch: the store's (empty) snapshot.
     assert_eq!(publisher.pump(&store).unwrap(), 1);
@@ -102,7 +96,7 @@ fn an_oversized_subscription_is_refused() {
 /// publisher takes a snapshot at most once per `min_resync_interval`.
 #[test]
 fn snapshot_requests_are_rate_limited_and_unanswered() {
-    let store = store();
+    let store = store_with_ring(4, 16);
     let interval = Duration::from_millis(300);
     let mut publisher = Publisher::bind(PublisherConfig {
         min_resync_interval: interval,

@@ -7,11 +7,16 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kvslice_core::events::{EventRing, KvEvent, Medium};
+use kvslice_core::events::KvEvent;
 use kvslice_core::testkit::serve_blocks;
-use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey};
-use kvslice_events::wire::{WireEvent, encode};
+use kvslice_core::{BlockHash, CacheStore, LruPolicy, SliceKey};
+use kvslice_events::wire::WireEvent;
 use kvslice_events::{Publisher, PublisherConfig, RESYNC_REQUEST, Source, Subscriber, zmq};
+
+mod common;
+use common::{
+    poll_until, send_event, store_with_ring, stored_block, wait_for_subscriber, worker_sockets,
+};
 
 fn key(conv: u64) -> SliceKey {
     SliceKey {
@@ -48,11 +53,8 @@ fn indexed(sub: &Subscriber, convs: u64) -> BTreeSet<u64> {
 
 #[test]
 fn a_late_router_asks_for_a_snapshot_and_knows_every_block() {
-    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
     // 8 pages for 20 conversations: 12 blocks are evicted on the way.
-    let store = CacheStore::new(layout, 8, LruPolicy::new(8))
-        .unwrap()
-        .with_events(EventRing::new(1 << 12, Medium::Gpu));
+    let store = store_with_ring(8, 1 << 12);
     let mut publisher = Publisher::bind(PublisherConfig {
         max_batch_events: 1,
         replay_batches: 4,
@@ -69,11 +71,7 @@ fn a_late_router_asks_for_a_snapshot_and_knows_every_block() {
         replay_endpoint: publisher.replay_endpoint(),
     };
     let mut sub = Subscriber::connect(&[source], 2_000).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while publisher.subscribers().unwrap() == 0 {
-        assert!(Instant::now() < deadline, "no subscriber arrived");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_subscriber(&mut publisher);
     serve(&store, 20);
     let want = holdings(&store);
     assert_eq!(want.len(), 8);
@@ -103,50 +101,17 @@ fn a_late_router_asks_for_a_snapshot_and_knows_every_block() {
 /// subscriber to it with replay timeout 20 ms and the given first wait
 /// between snapshot requests.
 fn fake_worker(ctx: &zmq::Context, backoff: Duration) -> (zmq::Socket, zmq::Socket, Subscriber) {
-    let worker = ctx.socket(zmq::XPUB).unwrap();
-    worker.bind("tcp://127.0.0.1:*").unwrap();
-    let replay = ctx.socket(zmq::ROUTER).unwrap();
-    replay.bind("tcp://127.0.0.1:*").unwrap();
-    let sub = Subscriber::connect(
-        &[Source {
-            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
-            replay_endpoint: Some(replay.get_last_endpoint().unwrap().unwrap()),
-        }],
-        20,
-    )
-    .unwrap()
-    .with_resync_backoff(backoff);
-    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
-    (worker, replay, sub)
-}
-
-fn send(worker: &zmq::Socket, seq: u64, event: WireEvent) {
-    let p = encode(1.0, &[event]);
-    worker
-        .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
-        .unwrap();
+    let (worker, replay, sub) = worker_sockets(ctx, true, 20);
+    (worker, replay.unwrap(), sub.with_resync_backoff(backoff))
 }
 
 fn stored(b: u64) -> WireEvent {
-    WireEvent::Stored {
-        hashes: vec![key(b).block],
-        parent: None,
-        tokens: vec![16],
-        block_size: 16,
-        medium: "GPU".into(),
-        layer_group: 0,
-        head_shard: 0,
-        first_block_index: 0,
-    }
+    stored_block(key(b).block.0)
 }
 
 /// Polls until batch `seq` has been applied (or counted lost).
 fn reach(sub: &mut Subscriber, seq: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sub.next_seq(0) <= seq {
-        assert!(Instant::now() < deadline, "{:?}", sub.stats());
-        sub.poll(20).unwrap();
-    }
+    poll_until(sub, |s| s.next_seq(0) > seq);
 }
 
 /// Snapshot requests that reached the fake worker's replay socket.
@@ -170,11 +135,11 @@ fn losses_inside_the_wait_ask_once() {
     let (worker, replay, mut sub) = fake_worker(&ctx, Duration::from_secs(60));
     // Every other batch: five gaps, no replay answers.
     for seq in (1..10).step_by(2) {
-        send(&worker, seq, stored(seq));
+        send_event(&worker, seq, stored(seq));
         reach(&mut sub, seq);
     }
-    send(&worker, 10, WireEvent::Cleared);
-    send(&worker, 12, stored(12));
+    send_event(&worker, 10, WireEvent::Cleared);
+    send_event(&worker, 12, stored(12));
     reach(&mut sub, 12);
     let stats = sub.stats();
     assert_eq!((stats.gaps, stats.resyncs_asked), (6, 1), "{stats:?}");
@@ -188,9 +153,9 @@ fn a_loss_inside_the_wait_asks_when_it_ends() {
     let ctx = zmq::Context::new();
     let wait = Duration::from_millis(500);
     let (worker, replay, mut sub) = fake_worker(&ctx, wait);
-    send(&worker, 1, stored(1));
+    send_event(&worker, 1, stored(1));
     reach(&mut sub, 1);
-    send(&worker, 3, stored(3));
+    send_event(&worker, 3, stored(3));
     reach(&mut sub, 3);
     assert_eq!(sub.stats().resyncs_asked, 1, "the second loss waits");
     // Nothing more arrives; polling past the wait sends the due request.
@@ -202,8 +167,8 @@ fn a_loss_inside_the_wait_asks_when_it_ends() {
     assert_eq!(resync_requests(&replay), 2);
     // The next wait is twice as long; a loss in it, then a snapshot, then
     // the wait's end: nothing is asked.
-    send(&worker, 5, stored(5));
-    send(&worker, 6, WireEvent::Cleared);
+    send_event(&worker, 5, stored(5));
+    send_event(&worker, 6, WireEvent::Cleared);
     reach(&mut sub, 6);
     let until = Instant::now() + 3 * wait;
     while Instant::now() < until {

@@ -6,11 +6,16 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use kvslice_core::events::{EventRing, KvEvent, Medium};
+use kvslice_core::events::KvEvent;
 use kvslice_core::testkit::serve_blocks;
-use kvslice_core::{BlockHash, CacheStore, KvDtype, KvLayout, LayoutSpec, LruPolicy, SliceKey};
+use kvslice_core::{BlockHash, CacheStore, LruPolicy, SliceKey};
 use kvslice_events::wire::{WireEvent, encode};
 use kvslice_events::{Publisher, PublisherConfig, Source, Subscriber};
+
+mod common;
+use common::{
+    poll_until, send_event, store_with_ring, stored_block, wait_for_subscriber, worker_sockets,
+};
 
 fn key(conv: u64, i: u32) -> SliceKey {
     SliceKey {
@@ -18,14 +23,6 @@ fn key(conv: u64, i: u32) -> SliceKey {
         block_index: i,
         layer_group: 0,
         head_shard: 0,
-    }
-}
-
-fn wait_for_subscriber(p: &mut Publisher) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while p.subscribers().unwrap() == 0 {
-        assert!(Instant::now() < deadline, "no subscriber arrived");
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -213,19 +210,6 @@ fn bad_input_is_counted_and_costs_nothing_known() {
     assert_eq!(sub.index().blocks_of(0), 0);
 }
 
-fn stored_block(b: u128) -> WireEvent {
-    WireEvent::Stored {
-        hashes: vec![BlockHash(b)],
-        parent: None,
-        tokens: vec![16],
-        block_size: 16,
-        medium: "GPU".into(),
-        layer_group: 0,
-        head_shard: 0,
-        first_block_index: 0,
-    }
-}
-
 fn knows(sub: &Subscriber, b: u128) -> bool {
     let k = SliceKey {
         block: BlockHash(b),
@@ -234,15 +218,6 @@ fn knows(sub: &Subscriber, b: u128) -> bool {
         head_shard: 0,
     };
     sub.index().overlaps(&[k])[0] == 1
-}
-
-/// Polls until `done` or 30 seconds pass.
-fn poll_until(sub: &mut Subscriber, done: impl Fn(&Subscriber) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done(sub) {
-        assert!(Instant::now() < deadline, "{:?}", sub.stats());
-        sub.poll(20).unwrap();
-    }
 }
 
 /// A replay that answers after the subscriber gave up on it: its late
@@ -356,41 +331,9 @@ fn one_worker(ctx: &zmq::Context) -> (zmq::Socket, Subscriber) {
     (worker, sub)
 }
 
-/// A worker's XPUB socket, and its replay ROUTER socket if asked, with
-/// one subscriber connected to them (replays timed out after
-/// `replay_timeout_ms`), the subscription received.
-fn worker_sockets(
-    ctx: &zmq::Context,
-    with_replay: bool,
-    replay_timeout_ms: i64,
-) -> (zmq::Socket, Option<zmq::Socket>, Subscriber) {
-    let worker = ctx.socket(zmq::XPUB).unwrap();
-    worker.bind("tcp://127.0.0.1:*").unwrap();
-    let replay = with_replay.then(|| {
-        let replay = ctx.socket(zmq::ROUTER).unwrap();
-        replay.bind("tcp://127.0.0.1:*").unwrap();
-        replay
-    });
-    let sub = Subscriber::connect(
-        &[Source {
-            endpoint: worker.get_last_endpoint().unwrap().unwrap(),
-            replay_endpoint: replay
-                .as_ref()
-                .map(|r| r.get_last_endpoint().unwrap().unwrap()),
-        }],
-        replay_timeout_ms,
-    )
-    .unwrap();
-    assert_eq!(worker.recv_bytes(0).unwrap(), [1], "the subscription");
-    (worker, replay, sub)
-}
-
 /// Sends batch `seq` storing block `b`.
 fn send_batch(worker: &zmq::Socket, seq: u64, b: u128) {
-    let p = encode(1.0, &[stored_block(b)]);
-    worker
-        .send_multipart([&b"kv"[..], &seq.to_be_bytes()[..], &p[..]], 0)
-        .unwrap();
+    send_event(worker, seq, stored_block(b));
 }
 
 /// A message whose payload is not a batch takes no sequence number: one
@@ -607,14 +550,6 @@ fn the_subscription_count_follows_consumers_that_leave() {
     until(&mut publisher, 1);
     drop(second);
     until(&mut publisher, 0);
-}
-
-/// A store of `pages` one-block pages with an event ring of `slots`.
-fn store_with_ring(pages: u32, slots: usize) -> CacheStore<'static, LruPolicy> {
-    let layout = KvLayout::new(LayoutSpec::new(1, 1, 1, 2, 16, KvDtype::F32)).unwrap();
-    CacheStore::new(layout, pages, LruPolicy::new(pages))
-        .unwrap()
-        .with_events(EventRing::new(slots, Medium::Gpu))
 }
 
 /// Serves conversation `conv`'s one block: a hit, or a page published.
