@@ -67,8 +67,9 @@ pub const MAX_SUBSCRIPTION_BYTES: i64 = 4096;
 
 /// The start number of a resynchronisation request: no reply; the next
 /// [`Publisher::pump`] at least [`PublisherConfig::min_resync_interval`]
-/// after the last snapshot sends `AllBlocksCleared` and the store's blocks. A subscriber
-/// asks this when a replay could not supply batches it missed (the
+/// after the last snapshot sends `AllBlocksCleared` and the store's
+/// blocks. A subscriber asks this when a replay could not supply batches
+/// it missed (the
 /// publisher no longer keeps them), so its index stops naming blocks whose
 /// removal it never saw. No batch carries this number.
 pub const RESYNC_REQUEST: u64 = u64::MAX;
@@ -223,11 +224,10 @@ impl Publisher {
     /// store's current blocks ([`CacheStore::snapshot`]), then the ring's
     /// newer events: a consumer's index is exact once they apply, also
     /// for a store that held blocks before this publisher existed (a
-    /// publisher restarted beside a running store). So is it when a peer
-    /// asked for a snapshot ([`RESYNC_REQUEST`]) and
+    /// publisher restarted beside a running store). It sends a snapshot
+    /// too when a peer asked for one ([`RESYNC_REQUEST`]) and
     /// [`min_resync_interval`](PublisherConfig::min_resync_interval) has
-    /// passed since the last. Call it from one
-    /// thread, for one store.
+    /// passed since the last. Call it from one thread, for one store.
     pub fn pump<E: EvictionPolicy>(
         &mut self,
         store: &CacheStore<'_, E>,
@@ -322,13 +322,13 @@ impl Publisher {
     /// only those waiting now), then answers those already queued, at most
     /// [`MAX_REPLAY_REQUESTS`] in one call, so a peer that floods requests
     /// cannot hold the caller; returns how many were handled (snapshot
-    /// requests included, which get no reply). A request
-    /// whose last frame (after the peer's identity and any empty
-    /// delimiters) is not 8 bytes gets the end marker only; one for
-    /// [`RESYNC_REQUEST`] gets no reply, and the next
-    /// [`pump`](Self::pump) sends a snapshot. A peer whose pipe is full (it asked before and has not
-    /// read) or that is gone gets the rest of that reply dropped; a
-    /// [`Subscriber`](crate::Subscriber) then times out and asks again.
+    /// requests included, which get no reply). A request whose last frame
+    /// (after the peer's identity and any empty delimiters) is not 8 bytes
+    /// gets the end marker only; one for [`RESYNC_REQUEST`] gets no reply,
+    /// and a later [`pump`](Self::pump) sends a snapshot. A peer whose pipe
+    /// is full (it asked before and has not read) or that is gone gets the
+    /// rest of that reply dropped; a [`Subscriber`](crate::Subscriber) then
+    /// times out and asks again.
     pub fn serve_replay(&mut self, timeout_ms: i64) -> Result<usize, zmq::Error> {
         let Some(replay) = &self.replay else {
             return Ok(0);

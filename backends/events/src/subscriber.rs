@@ -64,9 +64,9 @@ pub const MAX_POLL_MESSAGES: usize = 4096;
 
 /// The wait after a worker's first snapshot request before the next; it
 /// doubles with each request, up to 60 times this, and starts again from
-/// here once 60 times this has passed since the last wait ended. A snapshot that itself loses batches
-/// (one larger than what the worker keeps for replay) is then not asked
-/// for on every gap.
+/// here once 60 times this has passed since the last wait ended. A
+/// snapshot that itself loses batches (one larger than what the worker
+/// keeps for replay) is then not asked for on every gap.
 pub const RESYNC_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 const RESYNC_BACKOFF_ROUNDS: u32 = 60;
 
@@ -182,14 +182,11 @@ impl Subscriber {
             sub.set_subscribe(b"")?;
             sub.connect(&s.endpoint)?;
             let (replay, resync) = match &s.replay_endpoint {
-                Some(ep) => {
-                    let resync = ctx.socket(zmq::DEALER)?;
-                    resync.set_linger(0)?;
-                    // Whatever comes back is never read: keep little.
-                    resync.set_rcvhwm(16)?;
-                    resync.connect(ep)?;
-                    (Some((replay_socket(&ctx, ep)?, ep.clone())), Some(resync))
-                }
+                Some(ep) => (
+                    Some((replay_socket(&ctx, ep, None)?, ep.clone())),
+                    // Whatever comes back on it is never read: keep little.
+                    Some(replay_socket(&ctx, ep, Some(16))?),
+                ),
                 None => (None, None),
             };
             workers.push(Worker {
@@ -535,7 +532,7 @@ impl Subscriber {
     fn reset_replay(&mut self, w: usize) -> Result<(), zmq::Error> {
         if let Some((socket, ep)) = &mut self.workers[w].replay {
             // The old socket closes without lingering, late replies and all.
-            *socket = replay_socket(&self.ctx, ep)?;
+            *socket = replay_socket(&self.ctx, ep, None)?;
         }
         Ok(())
     }
@@ -614,9 +611,18 @@ impl Subscriber {
     }
 }
 
-fn replay_socket(ctx: &zmq::Context, endpoint: &str) -> Result<zmq::Socket, zmq::Error> {
+/// A DEALER connected to a worker's replay socket, not lingering on
+/// close, with a receive high-water mark if given.
+fn replay_socket(
+    ctx: &zmq::Context,
+    endpoint: &str,
+    rcvhwm: Option<i32>,
+) -> Result<zmq::Socket, zmq::Error> {
     let d = ctx.socket(zmq::DEALER)?;
     d.set_linger(0)?;
+    if let Some(hwm) = rcvhwm {
+        d.set_rcvhwm(hwm)?;
+    }
     d.connect(endpoint)?;
     Ok(d)
 }
